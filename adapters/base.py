@@ -1,0 +1,192 @@
+"""The adapter contract between the generic engine and one target family.
+
+An adapter owns everything family-specific about a loaded Hugging Face target:
+
+- where the decoder layers live (`layers_path`) and where the text config is (`text_config`);
+- `embed(ids)`: exactly what decoder layer 0 receives (scaled embeddings included);
+- `logits(h)`: the target's LM head on post-norm states, soft-capping included;
+- `tap(layer_ids)`: removable forward hooks on only the tapped decoder layers (never
+  `output_hidden_states=True`, which materialises every layer at prefill);
+- the cache: `new_cache`, `start_decoding` (after prefill), `snapshot` (before verify) and `rollback`
+  (after a partial accept), with `cache_strategy` naming the approach for `check`;
+- `validate(target_config, draft_config)`: problems found from configs alone, for `check`.
+
+This module must not import torch at import time (`check` and `list` run without it).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import torch
+
+    from dflash_zoo.config import DraftConfig
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding of `validate`: severity is "FAIL" (incompatible) or "WARN" (works, but worse)."""
+
+    severity: str
+    code: str
+    message: str
+
+
+class TapRecorder:
+    """Collects the outputs of tapped decoder layers for each forward while active.
+
+    `take()` returns the features of the last forward as [batch, seq, num_taps * hidden], in tap order.
+    """
+
+    def __init__(self, layer_ids: Sequence[int]):
+        self.layer_ids = tuple(layer_ids)
+        self._buf: dict[int, Any] = {}
+        self.paused = False
+
+    def hook_for(self, layer_id: int):
+        def hook(_module, _args, output):
+            if not self.paused:
+                # decoder layers return a tensor in 5.x, a tuple in some families: the state is first
+                self._buf[layer_id] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    def take(self) -> torch.Tensor:
+        import torch
+
+        missing = [i for i in self.layer_ids if i not in self._buf]
+        if missing:
+            raise RuntimeError(f"tapped layers {missing} produced no output in the last forward")
+        feats = torch.cat([self._buf[i] for i in self.layer_ids], dim=-1)  # [B, T, K*H]
+        self._buf.clear()
+        return feats
+
+    @contextmanager
+    def pause(self) -> Iterator[None]:
+        """Ignore forwards run inside (e.g. a rollback replay whose features are already known)."""
+        self.paused = True
+        try:
+            yield
+        finally:
+            self.paused = False
+
+
+class TargetAdapter:
+    """Default behaviour for decoder-only targets with a plain `DynamicCache`; families override."""
+
+    model_types: ClassVar[tuple[str, ...]] = ()
+    layers_path: ClassVar[str] = "model.layers"
+    cache_strategy: ClassVar[str] = "crop"  # negative crop of a plain KV cache is exact
+    rollback_supported: ClassVar[bool] = True
+    min_transformers: ClassVar[str] = "5.17.0"
+    chat_template_kwargs: ClassVar[dict[str, Any]] = {}
+    notes: ClassVar[str] = ""
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    # ---- configs (torch-free) -------------------------------------------------------------------
+    @classmethod
+    def text_config_dict(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """The decoder's config inside a (possibly composite VLM) config dict."""
+        return config.get("text_config") or config
+
+    @classmethod
+    def validate(cls, target_config: dict[str, Any], draft: DraftConfig) -> list[Problem]:
+        """Config-only compatibility problems between a target config dict and a normalised draft config."""
+        text = cls.text_config_dict(target_config)
+        problems: list[Problem] = []
+        hidden, layers = text.get("hidden_size"), text.get("num_hidden_layers")
+        vocab = text.get("vocab_size") or target_config.get("vocab_size")
+        if hidden is not None and hidden != draft.hidden_size:
+            problems.append(Problem("FAIL", "hidden_size", f"drafter hidden size {draft.hidden_size} != target {hidden}"))
+        if layers is not None and max(draft.target_layer_ids) >= layers:
+            problems.append(
+                Problem("FAIL", "taps", f"tap id {max(draft.target_layer_ids)} >= target layers ({layers})")
+            )
+        if layers is not None and draft.num_target_layers not in (None, layers):
+            problems.append(
+                Problem("WARN", "num_target_layers", f"drafter expects {draft.num_target_layers} target layers, target has {layers}")
+            )
+        if draft.mask_token_id is None:
+            problems.append(Problem("WARN", "mask_token_id", "draft config has no mask_token_id; the tokenizer's <|MASK|> is used"))
+        elif vocab is not None and draft.mask_token_id >= vocab:
+            problems.append(
+                Problem("FAIL", "mask_token_id", f"mask id {draft.mask_token_id} outside the embedding table ({vocab} rows)")
+            )
+        if vocab is not None and draft.vocab_size != vocab:
+            problems.append(Problem("WARN", "vocab_size", f"drafter vocab {draft.vocab_size} != target {vocab}"))
+        return problems
+
+    # ---- structure -------------------------------------------------------------------------------
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @property
+    def text_config(self) -> Any:
+        return self.model.config.get_text_config()
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers())
+
+    def layers(self) -> Any:
+        return operator.attrgetter(self.layers_path)(self.model)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """[B, T] -> [B, T, H]: exactly what decoder layer 0 receives."""
+        return self.model.get_input_embeddings()(ids)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[B, T, H] post-norm states -> [B, T, V] logits, as the target computes them."""
+        return self.model.get_output_embeddings()(h)
+
+    @contextmanager
+    def tap(self, layer_ids: Sequence[int]) -> Iterator[TapRecorder]:
+        """Forward hooks on just the tapped layers; their output is HF `hidden_states[id + 1]`."""
+        layers = self.layers()
+        bad = [i for i in layer_ids if not 0 <= i < len(layers)]
+        if bad:
+            raise IndexError(f"tap ids {bad} outside the target's {len(layers)} decoder layers")
+        rec = TapRecorder(layer_ids)
+        handles = [layers[i].register_forward_hook(rec.hook_for(i)) for i in sorted(set(layer_ids))]
+        try:
+            yield rec
+        finally:
+            for h in handles:
+                h.remove()
+
+    # ---- forward and cache -------------------------------------------------------------------------
+    def forward(self, ids: torch.Tensor, cache: Any, logits_to_keep: int = 0) -> torch.Tensor:
+        """One target forward over `ids` [1, T] appended to `cache`; returns logits [1, T', V]."""
+        from dflash_zoo import compat
+
+        return compat.forward(self.model, ids, cache, logits_to_keep=logits_to_keep)
+
+    def new_cache(self) -> Any:
+        from dflash_zoo import compat
+
+        return compat.new_cache(self.model.config)
+
+    def start_decoding(self, cache: Any) -> None:
+        """Called once after prefill; turns on past recording so sliding/linear layers can be cropped."""
+        if hasattr(cache, "activate_past_recording"):
+            cache.activate_past_recording()
+
+    def snapshot(self, cache: Any) -> Any:
+        """State to keep before a verify forward, handed back to `rollback` (None for plain caches)."""
+        return None
+
+    def rollback(self, cache: Any, num_rejected: int, snapshot: Any, committed_ids: torch.Tensor) -> None:
+        """Drop the last `num_rejected` verified positions. `committed_ids` [1, n] are the kept block inputs.
+
+        Negative crop is exact for full-attention and (recording) sliding layers; `crop(0)` also trims
+        recorded sliding-window history back to the window, so it runs every step.
+        """
+        cache.crop(-num_rejected)

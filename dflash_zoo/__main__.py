@@ -1,0 +1,3 @@
+from dflash_zoo.cli import main
+
+main()

@@ -1,0 +1,159 @@
+"""Load and save z-lab-format drafters: `config.json` + `model.safetensors` (or a sharded index).
+
+Never executes checkpoint code and never unpickles: weights come from safetensors only, configs from JSON.
+Saving writes into a temporary folder next to the destination and renames it into place, so an interrupted
+save never leaves a half-written drafter.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .config import DraftConfig, load_draft_config
+from .drafter import DFlashDrafter
+from .errors import CheckpointError, NotFoundError
+
+log = logging.getLogger("dflash_zoo")
+
+DRAFT_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json"]
+
+
+def resolve_dir(source: str | os.PathLike, revision: str | None = None, patterns: list[str] | None = None) -> Path:
+    """A local directory as is; otherwise a Hub repo id fetched (or found offline) in the HF cache."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path
+    text = str(source)
+    if path.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
+        raise NotFoundError(f"no such directory: {text}", hint="pass a local drafter directory or a Hub repo id")
+    from .hub import snapshot
+
+    return snapshot(text, revision=revision, allow_patterns=patterns or DRAFT_FILES)
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = sorted({directory / f for f in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"sharded checkpoint in {directory} is missing shard(s): {', '.join(missing)}")
+        return files
+    single = directory / "model.safetensors"
+    if single.is_file():
+        return [single]
+    found = sorted(directory.glob("*.safetensors"))
+    if not found:
+        raise CheckpointError(f"no .safetensors weights in {directory}", hint="drafters load from safetensors only")
+    return found
+
+
+def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a (possibly sharded) safetensors checkpoint; a `model.` prefix is stripped."""
+    state: dict[str, torch.Tensor] = {}
+    for file in _weight_files(directory):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    state[key.removeprefix("model.")] = f.get_tensor(key)
+        except Exception as exc:  # safetensors raises several types for truncated/corrupted headers
+            raise CheckpointError(f"cannot read {file.name}: {exc}") from exc
+    return state
+
+
+def load_drafter(
+    source: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    revision: str | None = None,
+) -> DFlashDrafter:
+    """Build a `DFlashDrafter` from a local directory or Hub id and load its weights strictly.
+
+    Raises `CheckpointError` naming the first missing or mis-shaped tensor.
+    """
+    directory = resolve_dir(source, revision)
+    cfg = load_draft_config(directory)
+    with torch.device("meta"):
+        model = DFlashDrafter(cfg)
+    state = read_state_dict(directory)
+    expected = model.state_dict()
+    for name, param in expected.items():
+        if name not in state:
+            raise CheckpointError(f"drafter checkpoint {directory} is missing tensor {name!r}")
+        if tuple(state[name].shape) != tuple(param.shape):
+            raise CheckpointError(
+                f"tensor {name!r} has shape {tuple(state[name].shape)}, config expects {tuple(param.shape)}"
+            )
+    extra = sorted(set(state) - set(expected))
+    if extra:
+        log.warning("ignoring %d unexpected drafter tensors (first: %s)", len(extra), extra[0])
+    model.load_state_dict({k: state[k] for k in expected}, assign=True)
+    model.rotary_emb = type(model.rotary_emb)(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def draft_config_dict(cfg: DraftConfig) -> dict[str, Any]:
+    """The z-lab `config.json` for a drafter (transformers-5 generation: `dflash_config` + `rope_parameters`)."""
+    raw = dict(cfg.raw)
+    rope = {"rope_type": cfg.rope.type, "rope_theta": cfg.rope.theta}
+    if cfg.rope.type != "default":
+        rope.update(factor=cfg.rope.factor, original_max_position_embeddings=cfg.rope.original_max_position_embeddings)
+    raw.update(
+        architectures=["DFlashDraftModel"],
+        model_type="qwen3",
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim,
+        intermediate_size=cfg.intermediate_size,
+        vocab_size=cfg.vocab_size,
+        rms_norm_eps=cfg.rms_norm_eps,
+        attention_bias=cfg.attention_bias,
+        hidden_act=cfg.hidden_act,
+        max_position_embeddings=cfg.max_position_embeddings,
+        layer_types=list(cfg.layer_types),
+        block_size=cfg.block_size,
+        num_target_layers=cfg.num_target_layers,
+        tie_word_embeddings=False,
+    )
+    raw.setdefault("rope_parameters", rope)
+    raw.setdefault("rope_theta", cfg.rope.theta)  # older readers (and the upstream loader) read it top-level
+    if cfg.sliding_window:
+        raw["sliding_window"] = cfg.sliding_window
+    dcfg = dict(raw.get("dflash_config") or {})
+    dcfg.update(block_size=cfg.block_size, target_layer_ids=list(cfg.target_layer_ids), mask_token_id=cfg.mask_token_id)
+    raw["dflash_config"] = dcfg
+    raw.pop("auto_map", None)  # never point loaders at remote code
+    return raw
+
+
+def save_drafter(model: DFlashDrafter, out_dir: str | os.PathLike, extra_files: dict[str, str] | None = None) -> Path:
+    """Write `config.json` + `model.safetensors` atomically (temporary folder, then rename)."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(draft_config_dict(model.cfg), indent=2) + "\n")
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

@@ -1,0 +1,228 @@
+"""Draft-config normalisation: every z-lab `config.json` generation becomes one frozen `DraftConfig`.
+
+Torch-free on purpose: `check`, `info` and `list` read configs without importing torch.
+
+Generations handled (dflash-method.md §8.1):
+- early (Jan 2026): `block_size` / `num_target_layers` top-level, taps from the default rule,
+  `rope_theta` + `rope_scaling`, all layers full attention;
+- taps and mask in `dflash_config.{target_layer_ids, mask_token_id}`;
+- transformers-5 exports: `block_size` nested in `dflash_config`, `rope_parameters` (yarn / llama3 inside),
+  `layer_types` + `sliding_window`;
+- newer upstream: per-layer causality (sliding layers causal, full layers non-causal) unless
+  `dflash_config.causal` / `is_causal` says otherwise (rule shared with vLLM `qwen3_dflash.py`).
+
+Tap convention, documented once here: `target_layer_ids` are 0-based decoder-layer indices and the feature
+for id k is the *output* of decoder layer k, i.e. Hugging Face `hidden_states[k + 1]`. Engines that store
+"k + 1" (SGLang, vLLM `eagle_aux_hidden_state_layer_ids`, speculators, GGUF) must be converted by -1.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
+    """Upstream default taps (z-lab `build_target_layer_ids`): evenly spaced from 1 to L-3.
+
+    Python's `round` (banker's rounding) is part of the rule: L=36, n=5 gives [1, 9, 17, 25, 33].
+    """
+    if num_taps == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4  # taps run from 1 to L-3
+    return [round(1 + i * span / (num_taps - 1)) for i in range(num_taps)]
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """Rotary embedding parameters, whatever spelling the checkpoint used."""
+
+    theta: float = 10000.0
+    type: str = "default"
+    factor: float = 1.0
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    mscale: float | None = None  # yarn (DeepSeek/Kimi spelling)
+    mscale_all_dim: float | None = None  # yarn (DeepSeek/Kimi spelling)
+    attention_factor: float | None = None  # yarn explicit override
+    truncate: bool = True  # yarn: round the correction range to integers
+    partial_rotary_factor: float = 1.0
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """Everything the drafter and the engine need from a draft `config.json`."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    block_size: int
+    target_layer_ids: tuple[int, ...]
+    num_target_layers: int | None
+    mask_token_id: int | None
+    layer_types: tuple[str, ...]
+    sliding_window: int | None
+    causal: tuple[bool, ...]
+    rope: RopeSpec
+    rms_norm_eps: float = 1e-6
+    attention_bias: bool = False
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 40960
+    final_logit_softcapping: float | None = None
+    taps_from_default_rule: bool = False
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def num_taps(self) -> int:
+        return len(self.target_layer_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary (used by `info --json`, `check --json`)."""
+        out = asdict(self)
+        out.pop("raw")
+        return out
+
+
+def load_draft_config(path: str | Path) -> DraftConfig:
+    """Read and normalise `config.json` (a file or a directory holding one)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"no config.json at {path}")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
+    return normalize_draft_config(raw)
+
+
+def normalize_draft_config(raw: dict[str, Any], num_target_layers: int | None = None) -> DraftConfig:
+    """Normalise one raw draft config dict; `num_target_layers` fills in when the config lacks it."""
+    dcfg = raw.get("dflash_config") or {}
+    get = _getter(raw, dcfg)
+    hidden = _req_int(raw, "hidden_size")
+    heads = _req_int(raw, "num_attention_heads")
+    layers = _req_int(raw, "num_hidden_layers")
+    block = int(get("block_size", 16))
+    if block < 2:
+        raise ConfigError(f"block_size must be >= 2, got {block}")
+    n_target = get("num_target_layers", num_target_layers)
+    taps = get("target_layer_ids")
+    from_rule = taps is None
+    if from_rule:
+        if n_target is None:
+            raise ConfigError("config has neither target_layer_ids nor num_target_layers; cannot derive taps")
+        taps = default_target_layer_ids(int(n_target), layers)
+    layer_types = _layer_types(raw, layers)
+    mask = get("mask_token_id")
+    return DraftConfig(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or hidden // heads),
+        intermediate_size=_req_int(raw, "intermediate_size"),
+        vocab_size=_req_int(raw, "vocab_size"),
+        block_size=block,
+        target_layer_ids=tuple(int(t) for t in taps),
+        num_target_layers=None if n_target is None else int(n_target),
+        mask_token_id=None if mask is None else int(mask),
+        layer_types=layer_types,
+        sliding_window=_sliding_window(raw, layer_types),
+        causal=_causality(raw, dcfg, layer_types),
+        rope=_rope(raw),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        attention_bias=bool(raw.get("attention_bias", False)),
+        hidden_act=str(raw.get("hidden_act", "silu")),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 40960)),
+        final_logit_softcapping=get("final_logit_softcapping"),
+        taps_from_default_rule=from_rule,
+        raw=dict(raw),
+    )
+
+
+def _getter(raw: dict, dcfg: dict):
+    """`dflash_config` wins over the top level (newer exports nest what older ones kept on top)."""
+
+    def get(key: str, default: Any = None) -> Any:
+        if dcfg.get(key) is not None:
+            return dcfg[key]
+        return raw.get(key) if raw.get(key) is not None else default
+
+    return get
+
+
+def _req_int(raw: dict, key: str) -> int:
+    if raw.get(key) is None:
+        raise ConfigError(f"draft config is missing required field {key!r}")
+    return int(raw[key])
+
+
+def _layer_types(raw: dict, layers: int) -> tuple[str, ...]:
+    types = raw.get("layer_types")
+    if types is None:
+        # Qwen3-style `use_sliding_window` + `max_window_layers`: layers >= max_window_layers slide.
+        if raw.get("use_sliding_window") and raw.get("sliding_window"):
+            start = int(raw.get("max_window_layers", layers))
+            return tuple(SLIDING if i >= start else FULL for i in range(layers))
+        return (FULL,) * layers
+    if len(types) != layers:
+        raise ConfigError(f"layer_types has {len(types)} entries for {layers} layers")
+    bad = sorted({t for t in types if t not in (FULL, SLIDING)})
+    if bad:
+        raise ConfigError(f"unsupported draft layer type(s) {bad}; expected {FULL!r} or {SLIDING!r}")
+    return tuple(types)
+
+
+def _sliding_window(raw: dict, layer_types: tuple[str, ...]) -> int | None:
+    if SLIDING not in layer_types:
+        return None
+    window = raw.get("sliding_window")
+    if not window:
+        raise ConfigError("layer_types has sliding_attention layers but sliding_window is not set")
+    return int(window)
+
+
+def _causality(raw: dict, dcfg: dict, layer_types: tuple[str, ...]) -> tuple[bool, ...]:
+    """Per-layer causality inside the block.
+
+    Rule (newer z-lab upstream and vLLM `qwen3_dflash.py`): sliding layers are causal, full layers are
+    bidirectional, unless the config says `causal` / `is_causal` explicitly (a bool or a per-layer list).
+    """
+    explicit = dcfg.get("causal", dcfg.get("is_causal", raw.get("is_causal")))
+    if isinstance(explicit, bool):
+        return (explicit,) * len(layer_types)
+    if isinstance(explicit, list):
+        if len(explicit) != len(layer_types):
+            raise ConfigError(f"causal has {len(explicit)} entries for {len(layer_types)} layers")
+        return tuple(bool(c) for c in explicit)
+    return tuple(t == SLIDING for t in layer_types)
+
+
+def _rope(raw: dict) -> RopeSpec:
+    params = dict(raw.get("rope_parameters") or {})
+    scaling = dict(raw.get("rope_scaling") or {})
+    merged = {**scaling, **params}
+    theta = merged.get("rope_theta", raw.get("rope_theta", 10000.0))
+    rtype = merged.get("rope_type", merged.get("type", "default"))
+    if rtype not in _ROPE_TYPES:
+        raise ConfigError(f"unsupported draft rope type {rtype!r}; supported: {', '.join(_ROPE_TYPES)}")
+    fields = {k: merged[k] for k in RopeSpec.__dataclass_fields__ if k in merged and merged[k] is not None}
+    fields.pop("type", None)
+    partial = merged.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    return RopeSpec(**{**fields, "theta": float(theta), "type": rtype, "partial_rotary_factor": float(partial)})

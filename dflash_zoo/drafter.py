@@ -1,0 +1,197 @@
+"""The native DFlash drafter: Qwen3-style layers whose K/V see fused target features (z-lab layout).
+
+Architecture (paper §3; z-lab/dflash `dflash/model.py`):
+- `fc: K*H -> H` fuses the K tapped target states, then `hidden_norm` (RMSNorm);
+- in *every* layer, K/V come from `[fused context ; block]` through that layer's own k/v projections (+ k_norm,
+  RoPE); Q comes from the block only; the context K/V are cached across steps (`DraftKV`), block K/V never are;
+- no embedding and no LM head: the block is embedded and decoded by the target's (the adapter's) modules;
+- attention inside the block is bidirectional for full layers and causal for sliding layers, unless the
+  config says otherwise (see `config._causality`).
+
+Parameter names are the z-lab names (`fc`, `hidden_norm`, `norm`, `layers.N.self_attn.q_proj`, ...), so z-lab
+checkpoints load as they are and a saved drafter loads in the upstream code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import DraftConfig
+from .rope import RotaryEmbedding, apply_rotary
+
+_ACTS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)  # normalise in fp32, as Qwen3 does
+        return self.weight * x.to(dtype)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        if cfg.hidden_act not in _ACTS:
+            raise ValueError(f"unsupported hidden_act {cfg.hidden_act!r}")
+        self.act = _ACTS[cfg.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+@dataclass
+class Span:
+    """Positions and visibility of one attention call.
+
+    q_pos [N]: block-token positions. ctx_pos [C]: positions of all cached + new context tokens.
+    q_limit [N] (optional): a query sees context keys strictly below this position (training: the anchor).
+    q_segment [N] (optional): block id of each query; block keys are visible only within a segment.
+    """
+
+    q_pos: torch.Tensor
+    ctx_pos: torch.Tensor
+    q_limit: torch.Tensor | None = None
+    q_segment: torch.Tensor | None = None
+
+    def mask(self, causal: bool, window: int | None) -> torch.Tensor | None:
+        """Boolean [N, C + N] (True = attend), or None when every key is visible."""
+        if not causal and window is None and self.q_limit is None and self.q_segment is None:
+            return None
+        q = self.q_pos[:, None]
+        ctx_ok = torch.ones(len(self.q_pos), len(self.ctx_pos), dtype=torch.bool, device=q.device)
+        if self.q_limit is not None:
+            ctx_ok = self.ctx_pos[None, :] < self.q_limit[:, None]
+        blk_ok = torch.ones(len(self.q_pos), len(self.q_pos), dtype=torch.bool, device=q.device)
+        if self.q_segment is not None:
+            blk_ok = self.q_segment[:, None] == self.q_segment[None, :]
+        if causal:
+            blk_ok = blk_ok & (self.q_pos[None, :] <= q)
+        if window is not None:  # HF windows include the current token: distance < window
+            ctx_ok = ctx_ok & (q - self.ctx_pos[None, :] < window)
+            blk_ok = blk_ok & (q - self.q_pos[None, :] < window)
+        return torch.cat([ctx_ok, blk_ok], dim=1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DraftConfig, layer_idx: int):
+        super().__init__()
+        h, hd = cfg.hidden_size, cfg.head_dim
+        self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, hd
+        self.q_proj = nn.Linear(h, self.heads * hd, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(h, self.kv_heads * hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(h, self.kv_heads * hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.heads * hd, h, bias=cfg.attention_bias)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.causal = cfg.causal[layer_idx]
+        self.window = cfg.sliding_window if cfg.layer_types[layer_idx] == "sliding_attention" else None
+
+    def _kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, t, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rotary(k, cos, sin), v  # [B, kvh, T, hd] each
+
+    def forward(self, x, ctx, rope_q, rope_ctx, past, span: Span):
+        """x [B, N, H] block states; ctx [B, C_new, H] fused new context; past: cached (k, v) or None.
+
+        Returns the block output [B, N, H] and the updated context (k, v) including `ctx`.
+        """
+        b, n, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, n, self.heads, self.head_dim)).transpose(1, 2)
+        q = apply_rotary(q, *rope_q)  # [B, heads, N, hd]
+        k_blk, v_blk = self._kv(x, *rope_q)
+        ctx_kv = self._kv(ctx, *rope_ctx) if ctx.shape[1] else None
+        if past is not None and ctx_kv is not None:
+            ctx_kv = (torch.cat([past[0], ctx_kv[0]], dim=2), torch.cat([past[1], ctx_kv[1]], dim=2))
+        ctx_kv = ctx_kv if ctx_kv is not None else past
+        k, v = (k_blk, v_blk) if ctx_kv is None else (torch.cat([ctx_kv[0], k_blk], 2), torch.cat([ctx_kv[1], v_blk], 2))
+        mask = span.mask(self.causal, self.window)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None if mask is None else mask[None, None], enable_gqa=self.heads != self.kv_heads
+        )  # [B, heads, N, hd]
+        out = self.o_proj(out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))
+        return out, ctx_kv
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DraftConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_idx)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, ctx, rope_q, rope_ctx, past, span):
+        # the context enters K/V as fused features, without this layer's input norm (z-lab layout)
+        attn, ctx_kv = self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_ctx, past, span)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), ctx_kv
+
+
+@dataclass
+class DraftKV:
+    """The drafter's context cache: per layer (k, v) of [1, kv_heads, C, head_dim]; block K/V are never kept."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor] | None] = field(default_factory=list)
+    length: int = 0
+
+
+class DFlashDrafter(nn.Module):
+    """A DFlash draft model. Build with a `DraftConfig`; load with `dflash_zoo.checkpoint.load_drafter`."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.fc = nn.Linear(cfg.num_taps * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
+
+    def forward(
+        self,
+        noise_embedding: torch.Tensor,
+        target_hidden: torch.Tensor,
+        span: Span,
+        cache: DraftKV | None = None,
+    ) -> torch.Tensor:
+        """Run one drafting pass.
+
+        Args:
+            noise_embedding: [B, N, H] target embeddings of the block(s) (`[bonus] + mask x (B-1)` at inference).
+            target_hidden: [B, C_new, K*H] tapped target features of context tokens not yet in `cache`.
+            span: positions / visibility; `span.ctx_pos` covers cached + new context.
+            cache: context K/V from earlier steps; extended in place with the new context.
+
+        Returns:
+            [B, N, H] final-norm hidden states; the caller applies the target's LM head.
+        """
+        ctx = self.hidden_norm(self.fc(target_hidden))  # [B, C_new, H]
+        dtype = noise_embedding.dtype
+        rope_q = self.rotary_emb(span.q_pos, dtype)
+        rope_ctx = self.rotary_emb(span.ctx_pos[len(span.ctx_pos) - ctx.shape[1] :], dtype)
+        x = noise_embedding
+        new_layers = []
+        for i, layer in enumerate(self.layers):
+            past = cache.layers[i] if cache is not None and cache.layers else None
+            x, ctx_kv = layer(x, ctx, rope_q, rope_ctx, past, span)
+            new_layers.append(ctx_kv)
+        if cache is not None:
+            cache.layers = new_layers
+            cache.length += ctx.shape[1]
+        return self.norm(x)

@@ -1,0 +1,70 @@
+"""The one output sink: data on stdout, progress / logs / hints on stderr (rich), modes human|json|quiet.
+
+`NO_COLOR` and non-TTY streams turn colour and bars off (rich detects both). The library never installs
+logging handlers; `setup_logging` is called by the CLI only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table, box
+
+LOGGER_NAME = "dflash_zoo"
+_stdout: Console | None = None
+_stderr: Console | None = None
+
+
+def stdout() -> Console:
+    global _stdout
+    if _stdout is None or _stdout.file is not sys.stdout:
+        _stdout = Console(file=sys.stdout, soft_wrap=True, no_color="NO_COLOR" in os.environ)
+    return _stdout
+
+
+def stderr() -> Console:
+    global _stderr
+    if _stderr is None or _stderr.file is not sys.stderr:
+        _stderr = Console(file=sys.stderr, soft_wrap=True, no_color="NO_COLOR" in os.environ)
+    return _stderr
+
+
+def setup_logging(verbosity: int = 0) -> None:
+    """Install one rich handler on stderr for the `dflash_zoo` logger (CLI only)."""
+    env = os.environ.get("DFLASH_ZOO_VERBOSITY", "").upper()
+    level = env if env in ("DEBUG", "INFO", "WARNING", "ERROR") else ("DEBUG" if verbosity > 1 else "INFO" if verbosity else "WARNING")
+    logger = logging.getLogger(LOGGER_NAME)
+    logger.handlers[:] = [RichHandler(console=stderr(), show_time=False, show_path=False, markup=False)]
+    logger.setLevel(level)
+    logger.propagate = False
+
+
+def emit_json(obj: Any) -> None:
+    """One JSON document on stdout (keys stable, snake_case)."""
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> Table:
+    """A borderless table with uppercase headers (ollama / hf style)."""
+    t = Table(box=box.SIMPLE_HEAD if title else None, show_edge=False, title=title, pad_edge=False)
+    for col in columns:
+        t.add_column(col.upper(), overflow="fold")
+    for row in rows:
+        t.add_row(*("" if v is None else str(v) for v in row))
+    return t
+
+
+def hint(message: str) -> None:
+    stderr().print(f"[dim]hint:[/dim] {message}", highlight=False)
+
+
+def info(message: str) -> None:
+    stderr().print(message, highlight=False)
