@@ -85,6 +85,7 @@ class TargetAdapter:
     rollback_supported: ClassVar[bool] = True
     min_transformers: ClassVar[str] = "5.17.0"
     chat_template_kwargs: ClassVar[dict[str, Any]] = {}
+    auto_class: ClassVar[str] = "AutoModelForCausalLM"  # transformers auto class that loads the target
     notes: ClassVar[str] = ""
 
     def __init__(self, model: Any):
@@ -122,6 +123,14 @@ class TargetAdapter:
         if vocab is not None and draft.vocab_size != vocab:
             problems.append(Problem("WARN", "vocab_size", f"drafter vocab {draft.vocab_size} != target {vocab}"))
         return problems
+
+    @classmethod
+    def load_model(cls, directory: str, dtype: Any, device: Any) -> Any:
+        """Load the target from a local directory with transformers' own classes (never remote code)."""
+        import transformers
+
+        auto = getattr(transformers, cls.auto_class)
+        return auto.from_pretrained(directory, dtype=dtype).to(device).eval()
 
     # ---- structure -------------------------------------------------------------------------------
     @property

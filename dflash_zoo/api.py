@@ -1,0 +1,242 @@
+"""The Python API: `load(target, draft)` returns a `Pipeline` whose `generate` the CLI only wraps.
+
+    pipe = dflash_zoo.load("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", device="cuda")
+    res = pipe.generate("Explain KV caches", max_new_tokens=128)
+    print(res.text, res.mean_acceptance_length, res.tokens_per_second)
+
+`target` / `draft` are local directories, Hub ids, registry slugs, or already-built objects
+(a transformers model and a `DFlashDrafter`). With neither, the embedded demo pair is used.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import demo
+from .adapters import get_adapter
+from .checkpoint import load_drafter, resolve_dir
+from .decode import SpeculativeDecoder, autoregressive_generate
+from .drafter import DFlashDrafter
+from .errors import ConfigError, IncompatiblePairError, NotFoundError
+from .results import GenerationConfig, GenerationResult
+
+log = logging.getLogger("dflash_zoo")
+
+TARGET_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+MASK_TOKEN_STRING = "<|MASK|>"  # what the first z-lab README added to tokenizers
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def parse_dtype(name: str | torch.dtype | None, device: str) -> torch.dtype:
+    """'bf16' / 'bfloat16' / 'fp16' / 'fp32' / 'auto' -> torch dtype (auto: bf16 on GPU, fp32 on CPU)."""
+    if isinstance(name, torch.dtype):
+        return name
+    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+             "fp32": torch.float32, "float32": torch.float32}
+    if name in (None, "auto"):
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    if name not in table:
+        raise ConfigError(f"unknown dtype {name!r}; use one of auto, {', '.join(table)}")
+    return table[name]
+
+
+class TextStream:
+    """Incremental detokenisation: feed committed ids, get the new text (held back mid-character)."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer, self.ids, self.sent = tokenizer, [], 0
+
+    def push(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        self.ids += ids
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the next tokens
+            return ""
+        new, self.sent = text[self.sent :], len(text)
+        return new
+
+
+@dataclass
+class Pipeline:
+    """A loaded target + drafter pair. Build with `load(...)`."""
+
+    model: Any
+    drafter: DFlashDrafter
+    tokenizer: Any = None
+    stop_token_ids: tuple[int, ...] = ()
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    mask_token_id: int = 0
+    adapter: Any = None
+
+    def __post_init__(self) -> None:
+        if self.adapter is None:
+            self.adapter = get_adapter(self.model.config.model_type)(self.model)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.drafter.parameters()).device
+
+    def encode(self, prompt: str | list[int] | list[dict], raw: bool = False) -> list[int]:
+        """Token ids for a prompt: ids as given; text raw or through the chat template; or a message list."""
+        if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):
+            return list(prompt)
+        if self.tokenizer is None:
+            raise ConfigError("this target has no tokenizer; pass token ids instead of text")
+        template = getattr(self.tokenizer, "chat_template", None)
+        if isinstance(prompt, str) and (raw or not template):
+            return self.tokenizer.encode(prompt)
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
+        )
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def config(self, **kw: Any) -> GenerationConfig:
+        stops = tuple(kw.pop("stop_token_ids", None) or self.stop_token_ids)
+        return GenerationConfig(stop_token_ids=stops, **kw)
+
+    def decoder(self, prompt: Any, raw: bool = False, **kw: Any) -> SpeculativeDecoder:
+        accept_override = kw.pop("accept_override", None)
+        return SpeculativeDecoder(
+            self.adapter, self.drafter, self.encode(prompt, raw), self.config(**kw), self.mask_token_id, accept_override
+        )
+
+    def generate(self, prompt: Any, raw: bool = False, on_text: Callable[[str], None] | None = None, **kw: Any) -> GenerationResult:
+        """Speculative generation. `kw` are `GenerationConfig` fields (max_new_tokens, temperature, ...)."""
+        dec = self.decoder(prompt, raw, **kw)
+        stream = TextStream(self.tokenizer)
+        for ids in dec:
+            text = stream.push(ids)
+            if on_text is not None and text:
+                on_text(text)
+        dec.result.text = self._decode(dec.result.output_ids)
+        return dec.result
+
+    def stream(self, prompt: Any, raw: bool = False, **kw: Any) -> Iterator[str]:
+        """Yield text as tokens are committed."""
+        dec = self.decoder(prompt, raw, **kw)
+        stream = TextStream(self.tokenizer)
+        for ids in dec:
+            text = stream.push(ids)
+            if text:
+                yield text
+
+    def generate_autoregressive(self, prompt: Any, raw: bool = False, **kw: Any) -> GenerationResult:
+        """The target alone, one token per forward (the baseline for speedups)."""
+        res = autoregressive_generate(self.adapter, self.encode(prompt, raw), self.config(**kw), self.device)
+        res.text = self._decode(res.output_ids)
+        return res
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+
+
+def _stop_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+    ids: list[int] = []
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += eos if isinstance(eos, list) else [eos] if eos is not None else []
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return tuple(dict.fromkeys(ids))
+
+
+def _mask_id(drafter: DFlashDrafter, tokenizer: Any) -> int:
+    if drafter.cfg.mask_token_id is not None:
+        return drafter.cfg.mask_token_id
+    if tokenizer is not None:
+        tid = tokenizer.convert_tokens_to_ids(MASK_TOKEN_STRING)
+        if tid is not None and tid != tokenizer.unk_token_id:
+            return tid
+    raise ConfigError("the draft config has no mask_token_id and the tokenizer has no <|MASK|> token")
+
+
+def _load_target(source: Any, device: str, dtype: torch.dtype, revision: str | None):
+    if not isinstance(source, str | Path):
+        return source, None
+    directory = resolve_dir(source, revision, TARGET_FILES)
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(directory)
+    model = get_adapter(config.model_type).load_model(str(directory), dtype, device)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+    except (OSError, ValueError) as exc:
+        log.warning("no tokenizer in %s (%s); text prompts are unavailable", directory, exc)
+        tokenizer = None
+    return model, tokenizer
+
+
+def check_pair(model: Any, drafter: DFlashDrafter) -> None:
+    """Refuse a pair whose configs do not fit (one line naming the problem)."""
+    adapter = get_adapter(model.config.model_type)
+    problems = adapter.validate(model.config.to_dict(), drafter.cfg)
+    fails = [p for p in problems if p.severity == "FAIL"]
+    if fails:
+        raise IncompatiblePairError("; ".join(p.message for p in fails), hint="run `dflash-zoo check` for the full report")
+    for p in problems:
+        log.warning("%s", p.message)
+
+
+def load(
+    target: Any = None,
+    draft: Any = None,
+    *,
+    device: str | None = None,
+    dtype: str | torch.dtype | None = None,
+    tokenizer: Any = None,
+    revision: str | None = None,
+    draft_revision: str | None = None,
+) -> Pipeline:
+    """Load a target + drafter pair and check that they fit.
+
+    Args:
+        target: local dir, Hub id, registry slug, or a loaded transformers model. None: the embedded demo pair.
+        draft: local dir, Hub id or `DFlashDrafter`; None: the registry's drafter for `target`.
+        device / dtype: default cuda + bf16 when available, else cpu + fp32.
+    Returns:
+        A `Pipeline` with `generate`, `stream` and `generate_autoregressive`.
+    """
+    device = device or default_device()
+    torch_dtype = parse_dtype(dtype, device)
+    chat_kwargs: dict[str, Any] = {}
+    if target is None and draft is None:
+        target, draft = demo.target_dir(), demo.draft_dir()
+    elif isinstance(target, str) and draft is None:
+        entry = _registry_entry(target)
+        target, draft, draft_revision = entry.target_repo, entry.draft_repo, draft_revision or entry.draft_revision
+        chat_kwargs = dict(entry.chat_template_kwargs)
+    if draft is None:
+        raise NotFoundError("no drafter given", hint="pass --draft DIR_OR_REPO, or a registry id (`dflash-zoo list`)")
+    model, tok = _load_target(target, device, torch_dtype, revision)
+    tokenizer = tokenizer if tokenizer is not None else tok
+    drafter = draft if isinstance(draft, DFlashDrafter) else load_drafter(draft, device, torch_dtype, draft_revision)
+    check_pair(model, drafter)
+    adapter = get_adapter(model.config.model_type)(model)
+    return Pipeline(
+        model=model,
+        drafter=drafter,
+        tokenizer=tokenizer,
+        stop_token_ids=_stop_ids(model, tokenizer),
+        chat_template_kwargs={**adapter.chat_template_kwargs, **chat_kwargs},
+        mask_token_id=_mask_id(drafter, tokenizer),
+        adapter=adapter,
+    )
+
+
+def _registry_entry(name: str) -> Any:
+    """Registry entry for a slug / alias / repo id; a local directory is never a registry name."""
+    if Path(name).expanduser().is_dir():
+        raise NotFoundError(f"{name} is a directory but no --draft was given", hint="pass --draft DIR_OR_REPO")
+    from .registry import load_registry
+
+    return load_registry().resolve(name)

@@ -1,0 +1,216 @@
+"""A standard-library Hub-compatible HTTP server on loopback, for tests that run the real hub client.
+
+Serves plain folders laid out `<root>/<org>/<name>/<files>` (transformers-5x.md §8):
+
+- `GET /api/models/{org}/{name}/revision/{rev}`: `id`, `sha`, `siblings` (with `size`, `blobId`);
+- `GET /api/models/{org}/{name}/tree/{rev}[/{path}]`: a list of `{type, oid, size, path}`;
+- `HEAD` / `GET /{org}/{name}/resolve/{rev}/{path}`: bytes with `X-Repo-Commit`, quoted `ETag`, `Content-Length`;
+  `Range: bytes=N-` answers 206 with `Content-Range` (resumed downloads);
+- revisions: `main` and the commit sha, which is derived from file names and content hashes (stable);
+- errors: 404 with `X-Error-Code` `RepoNotFound` / `RevisionNotFound` / `EntryNotFound`;
+  `gated` repos answer 401 `X-Error-Code: GatedRepo`; `fail_status` makes every answer that status.
+
+Every request is logged (method, path, Range header) so tests can assert what the client did.
+It binds 127.0.0.1 only; sockets carry a timeout so a stuck client cannot hang a test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+
+@dataclass(frozen=True)
+class Request:
+    """One logged request."""
+
+    method: str
+    path: str
+    range: str | None
+
+
+def file_etag(data: bytes) -> str:
+    """The unquoted ETag the server sends for a file (also the blob name in the HF cache)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+class HubServer:
+    """Serve `root` over HTTP on 127.0.0.1; `start()` / `stop()`, or use as a context manager."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.fail_status: int | None = None
+        self.gated: set[str] = set()
+        self._log: list[Request] = []
+        self._lock = threading.Lock()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> HubServer:
+        handler = type("Handler", (_Handler,), {"hub": self})
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05})
+        self._thread.daemon = True
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._httpd = self._thread = None
+
+    def __enter__(self) -> HubServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._httpd is not None, "server not started"
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    # repos -------------------------------------------------------------------------------------
+    def add_file(self, repo_id: str, path: str, data: bytes) -> Path:
+        """Create (or overwrite) one file in a served repo; returns its path on disk."""
+        target = self.root / repo_id / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        return target
+
+    def files(self, repo_id: str) -> dict[str, bytes]:
+        """All files of a repo, by repo-relative posix path (sorted)."""
+        base = self.root / repo_id
+        found = sorted(p for p in base.rglob("*") if p.is_file())
+        return {p.relative_to(base).as_posix(): p.read_bytes() for p in found}
+
+    def commit(self, repo_id: str) -> str:
+        """The repo's current commit sha: a hash of its id, file names and contents (stable, unique per repo)."""
+        digest = hashlib.sha1(repo_id.encode() + b"\n")
+        for path, data in self.files(repo_id).items():
+            digest.update(f"{path}\0{file_etag(data)}\n".encode())
+        return digest.hexdigest()
+
+    # request log -------------------------------------------------------------------------------
+    def record(self, req: Request) -> None:
+        with self._lock:
+            self._log.append(req)
+
+    @property
+    def requests(self) -> list[Request]:
+        with self._lock:
+            return list(self._log)
+
+    def reset_log(self) -> None:
+        with self._lock:
+            self._log.clear()
+
+    def file_gets(self) -> list[Request]:
+        """GET requests for file bytes (HEADs and API calls excluded)."""
+        return [r for r in self.requests if r.method == "GET" and "/resolve/" in r.path]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    hub: HubServer  # set on the per-server subclass
+    protocol_version = "HTTP/1.1"
+    timeout = 10
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - silence stderr logging
+        pass
+
+    def do_HEAD(self) -> None:
+        self._dispatch(body=False)
+
+    def do_GET(self) -> None:
+        self._dispatch(body=True)
+
+    def _dispatch(self, body: bool) -> None:
+        path = unquote(urlsplit(self.path).path)
+        self.hub.record(Request(self.command, path, self.headers.get("Range")))
+        if self.hub.fail_status:
+            return self._error(self.hub.fail_status, "ServerError", "simulated failure")
+        parts = path.strip("/").split("/")
+        if parts[:2] == ["api", "models"] and len(parts) >= 6:
+            return self._api(parts[2] + "/" + parts[3], parts[4], parts[5:], body)
+        if len(parts) >= 5 and parts[2] == "resolve":
+            return self._resolve(parts[0] + "/" + parts[1], parts[3], "/".join(parts[4:]), body)
+        self._error(404, "RepoNotFound", "not found")
+
+    def _check(self, repo_id: str, rev: str) -> bool:
+        """Answer the repo / gated / revision errors; True when the request may proceed."""
+        if not (self.hub.root / repo_id).is_dir():
+            self._error(404, "RepoNotFound", f"Repository {repo_id} not found")
+        elif repo_id in self.hub.gated:
+            self._error(401, "GatedRepo", f"Access to model {repo_id} is restricted")
+        elif rev not in ("main", self.hub.commit(repo_id)):
+            self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}")
+        else:
+            return True
+        return False
+
+    def _api(self, repo_id: str, kind: str, rest: list[str], body: bool) -> None:
+        if kind not in ("revision", "tree"):
+            return self._error(404, "RepoNotFound", "not found")
+        if not self._check(repo_id, rest[0]):
+            return
+        files = self.hub.files(repo_id)
+        if kind == "revision":
+            siblings = [{"rfilename": p, "size": len(d), "blobId": file_etag(d)} for p, d in files.items()]
+            doc: object = {"id": repo_id, "modelId": repo_id, "sha": self.hub.commit(repo_id), "siblings": siblings}
+        else:
+            prefix = "/".join(rest[1:])
+            doc = [
+                {"type": "file", "oid": file_etag(d), "size": len(d), "path": p}
+                for p, d in files.items()
+                if p.startswith(prefix)
+            ]
+        self._send(200, json.dumps(doc).encode(), {"Content-Type": "application/json"}, body)
+
+    def _resolve(self, repo_id: str, rev: str, path: str, body: bool) -> None:
+        if not self._check(repo_id, rev):
+            return
+        data = self.hub.files(repo_id).get(path)
+        if data is None:
+            return self._error(404, "EntryNotFound", f"{path} does not exist at {rev}")
+        headers = {"X-Repo-Commit": self.hub.commit(repo_id), "ETag": f'"{file_etag(data)}"'}
+        headers["Accept-Ranges"] = "bytes"
+        start = _range_start(self.headers.get("Range"))
+        if start is None or start == 0:
+            return self._send(200, data, headers, body)
+        if start >= len(data):
+            headers["Content-Range"] = f"bytes */{len(data)}"
+            return self._send(416, b"", headers, body)
+        headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        self._send(206, data[start:], headers, body)
+
+    def _error(self, status: int, code: str, message: str) -> None:
+        payload = json.dumps({"error": message}).encode()
+        headers = {"X-Error-Code": code, "X-Error-Message": message, "Content-Type": "application/json"}
+        self._send(status, payload, headers, body=self.command != "HEAD")
+
+    def _send(self, status: int, payload: bytes, headers: dict[str, str], body: bool) -> None:
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        if body:
+            self.wfile.write(payload)
+
+
+def _range_start(header: str | None) -> int | None:
+    """First byte of an open-ended `bytes=N-` range (the only form the hub client sends), else None."""
+    if not header or not header.startswith("bytes="):
+        return None
+    first = header[len("bytes=") :].split(",")[0].split("-")[0].strip()
+    return int(first) if first.isdigit() else None

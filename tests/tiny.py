@@ -1,0 +1,90 @@
+"""Tiny random models for tests: targets from transformers config classes, drafters from DraftConfig.
+
+Greedy paths of tiny random targets hit many near-ties; the LM head is scaled (x8, transformers-5x.md §5)
+so argmax decisions are stable and exact-equality tests test the loop, not rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dflash_zoo.config import default_target_layer_ids, normalize_draft_config
+from dflash_zoo.drafter import DFlashDrafter
+
+VOCAB, HIDDEN = 256, 64
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=HIDDEN,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=2048,
+    tie_word_embeddings=False,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def target_config(model_type: str, **overrides):
+    """The tiny config of a family: `tests/tiny_families/<model_type>.py` defines `config(common) -> config`."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(f"tests.tiny_families.{model_type}")
+    except ModuleNotFoundError as exc:
+        raise AssertionError(f"no tiny config for adapter {model_type!r}: add tests/tiny_families/{model_type}.py") from exc
+    return mod.config({**COMMON, **overrides})
+
+
+def tiny_target(model_type: str = "qwen3", seed: int = 0, lm_scale: float = 8.0, **overrides):
+    """A tiny random fp32 causal LM of `model_type` in eval mode."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = target_config(model_type, **overrides)
+    model = getattr(transformers, tiny_auto_class(model_type)).from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(lm_scale)  # untied in every tiny config
+    return model.eval()
+
+
+def tiny_auto_class(model_type: str) -> str:
+    from dflash_zoo.adapters import get_adapter
+
+    return get_adapter(model_type).auto_class
+
+
+def draft_config_dict(target=None, layers: int = 2, block_size: int = 8, taps=None, **extra) -> dict:
+    """A z-lab-style draft config.json dict for a tiny target."""
+    n_target = target.config.get_text_config().num_hidden_layers if target is not None else 4
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": HIDDEN,
+        "intermediate_size": 128,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": VOCAB,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 2048,
+        "num_target_layers": n_target,
+        "dflash_config": {
+            "block_size": block_size,
+            "target_layer_ids": list(taps) if taps is not None else default_target_layer_ids(n_target, layers),
+            "mask_token_id": VOCAB - 1,
+        },
+        **extra,
+    }
+
+
+def tiny_drafter(target=None, seed: int = 1, **kw) -> DFlashDrafter:
+    """A random drafter for a tiny target (weights scaled up so drafts are not all the same token)."""
+    torch.manual_seed(seed)
+    model = DFlashDrafter(normalize_draft_config(draft_config_dict(target, **kw)))
+    return model.float().eval()

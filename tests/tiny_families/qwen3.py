@@ -1,0 +1,4 @@
+def config(common):
+    import transformers
+
+    return transformers.Qwen3Config(**common)
