@@ -172,11 +172,14 @@ class TargetAdapter:
                 h.remove()
 
     # ---- forward and cache -------------------------------------------------------------------------
-    def forward(self, ids: torch.Tensor, cache: Any, logits_to_keep: int = 0) -> torch.Tensor:
-        """One target forward over `ids` [1, T] appended to `cache`; returns logits [1, T', V]."""
+    def forward(self, ids: torch.Tensor, cache: Any, logits_to_keep: int = 0, **extra: Any) -> torch.Tensor:
+        """One target forward over `ids` [1, T] appended to `cache`; returns logits [1, T', V].
+
+        `extra` carries prefill-only inputs such as `pixel_values` for VLM targets.
+        """
         from dflash_zoo import compat
 
-        return compat.forward(self.model, ids, cache, logits_to_keep=logits_to_keep)
+        return compat.forward(self.model, ids, cache, logits_to_keep=logits_to_keep, **extra)
 
     def new_cache(self) -> Any:
         from dflash_zoo import compat

@@ -66,6 +66,7 @@ class SpeculativeDecoder:
         cfg: GenerationConfig,
         mask_token_id: int,
         accept_override: AcceptOverride | None = None,
+        prefill_inputs: dict[str, Any] | None = None,
     ):
         if not prompt_ids:
             raise ValueError("prompt must contain at least one token")
@@ -73,6 +74,7 @@ class SpeculativeDecoder:
         self.cfg = cfg.validated(drafter.cfg.block_size)
         self.mask_id = mask_token_id
         self.override = accept_override
+        self.prefill_inputs = prefill_inputs or {}  # e.g. pixel_values: the image is seen at prefill only
         self.device = next(drafter.parameters()).device
         self.result = GenerationResult(
             output_ids=[],
@@ -92,7 +94,7 @@ class SpeculativeDecoder:
         t0 = time.perf_counter()
         cache = self.adapter.new_cache()
         ids = torch.tensor([self.prompt], device=self.device)
-        logits = self.adapter.forward(ids, cache, logits_to_keep=1)  # [1, 1, V]
+        logits = self.adapter.forward(ids, cache, logits_to_keep=1, **self.prefill_inputs)  # [1, 1, V]
         feats = taps.take()  # [1, P, K*H]: context for the first draft
         bonus = picker.pick(logits[0, -1:])  # [1]
         first = int(bonus)

@@ -197,12 +197,20 @@ def _offline_plan(repo_id: str, revision: str, patterns: tuple[str, ...] | None,
     hint = f"run `dflash-zoo pull {name}` while online (unset HF_HUB_OFFLINE, drop --offline)"
     ref = storage / "refs" / revision
     if not storage.is_dir():
-        raise OfflineError(f"{repo_id} is not in the local cache ({hub_cache_dir()}) and offline mode is on", hint)
+        raise OfflineError(
+            f"{repo_id} is not in the local cache ({hub_cache_dir()}) and offline mode is on", hint
+        )
     if not _SHA.match(revision) and not ref.is_file():
-        raise OfflineError(f"{repo_id} has no cached revision {revision!r} (no {ref}); offline mode is on", hint)
+        raise OfflineError(
+            f"{repo_id} has no cached revision {revision!r} (no {ref}); offline mode is on", hint
+        )
     commit = revision if _SHA.match(revision) else ref.read_text().strip()
     snap = storage / "snapshots" / commit
-    paths = sorted(p.relative_to(snap).as_posix() for p in snap.rglob("*") if p.is_file()) if snap.is_dir() else []
+    paths = (
+        sorted(p.relative_to(snap).as_posix() for p in snap.rglob("*") if p.is_file())
+        if snap.is_dir()
+        else []
+    )
     wanted = _filter(paths, patterns)
     if not wanted:
         what = f"files matching {list(patterns)}" if patterns else "files"
@@ -249,7 +257,9 @@ def hub_errors(repo_id: str, revision: str | None, offline: bool) -> Iterator[No
         hint = f"run `hf auth login` (or set HF_TOKEN) and accept the licence at {url}"
         raise GatedRepoError(f"{repo_id} is gated and this token has no access", hint) from exc
     except e.RepositoryNotFoundError as exc:
-        raise NotFoundError(f"no such repo: {repo_id}", hint="check the id, or `hf auth login` if private") from exc
+        raise NotFoundError(
+            f"no such repo: {repo_id}", hint="check the id, or `hf auth login` if private"
+        ) from exc
     except e.RevisionNotFoundError as exc:
         raise NotFoundError(f"{repo_id} has no revision {rev!r}") from exc
     except e.RemoteEntryNotFoundError as exc:
@@ -264,7 +274,9 @@ def hub_errors(repo_id: str, revision: str | None, offline: bool) -> Iterator[No
     except e.HfHubHTTPError as exc:
         status = getattr(exc.response, "status_code", None)
         if status is not None and status >= 500:
-            raise HubUnavailableError(f"{hub_endpoint()} answered HTTP {status} for {repo_id}", _RETRY) from exc
+            raise HubUnavailableError(
+                f"{hub_endpoint()} answered HTTP {status} for {repo_id}", _RETRY
+            ) from exc
         raise ZooError(f"Hub request for {repo_id} failed: {str(exc).splitlines()[0]}") from exc
     except Exception as exc:
         if type(exc).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "requests", "urllib3"):
@@ -279,3 +291,65 @@ def _url_tail(exc: BaseException) -> str:
     """The repo-relative file name from a hub error's URL, or the error's first line."""
     url = str(getattr(getattr(exc, "response", None), "url", "") or "")
     return url.split("/resolve/", 1)[-1].split("/", 1)[-1] if "/resolve/" in url else str(exc).splitlines()[0]
+
+
+@dataclass(frozen=True)
+class CachedRevision:
+    """One cached snapshot of a repo."""
+
+    repo_id: str
+    commit: str
+    refs: tuple[str, ...]
+    size_bytes: int
+    path: Path
+
+
+@dataclass(frozen=True)
+class RemovalPlan:
+    """Cached revisions that `execute_removal` deletes; `not_cached` lists asked-for repos with nothing cached."""
+
+    revisions: tuple[CachedRevision, ...]
+    not_cached: tuple[str, ...]
+    expected_freed_bytes: int
+
+
+def cached_revisions(repo_id: str) -> list[CachedRevision]:
+    """All cached revisions of a model repo (empty when the cache or repo is absent); no network."""
+    info = _scan()
+    repos = [] if info is None else [r for r in info.repos if r.repo_id == repo_id and r.repo_type == "model"]
+    return [
+        CachedRevision(repo_id, r.commit_hash, tuple(sorted(r.refs)), r.size_on_disk, Path(r.snapshot_path))
+        for repo in repos
+        for r in sorted(repo.revisions, key=lambda r: r.commit_hash)
+    ]
+
+
+def plan_removal(repo_ids: Sequence[str]) -> RemovalPlan:
+    """Every cached revision of `repo_ids`, with the bytes deleting them frees (shared blobs counted once)."""
+    revisions = tuple(r for repo_id in dict.fromkeys(repo_ids) for r in cached_revisions(repo_id))
+    missing = tuple(rid for rid in dict.fromkeys(repo_ids) if not any(r.repo_id == rid for r in revisions))
+    freed = 0
+    if revisions:
+        freed = _scan().delete_revisions(*(r.commit for r in revisions)).expected_freed_size
+    return RemovalPlan(revisions, missing, freed)
+
+
+def execute_removal(plan: RemovalPlan) -> int:
+    """Delete the planned revisions through `scan_cache_dir().delete_revisions(...)`; returns bytes freed."""
+    if not plan.revisions:
+        return 0
+    strategy = _scan().delete_revisions(*(r.commit for r in plan.revisions))
+    strategy.execute()
+    log.info("removed %d revision(s), %d bytes", len(plan.revisions), strategy.expected_freed_size)
+    return strategy.expected_freed_size
+
+
+def _scan():
+    """`scan_cache_dir` on the current cache folder, or None when the folder does not exist."""
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        return scan_cache_dir(hub_cache_dir())
+    except CacheNotFound:
+        return None

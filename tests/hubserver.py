@@ -166,7 +166,12 @@ class _Handler(BaseHTTPRequestHandler):
         files = self.hub.files(repo_id)
         if kind == "revision":
             siblings = [{"rfilename": p, "size": len(d), "blobId": file_etag(d)} for p, d in files.items()]
-            doc: object = {"id": repo_id, "modelId": repo_id, "sha": self.hub.commit(repo_id), "siblings": siblings}
+            doc: object = {
+                "id": repo_id,
+                "modelId": repo_id,
+                "sha": self.hub.commit(repo_id),
+                "siblings": siblings,
+            }
         else:
             prefix = "/".join(rest[1:])
             doc = [
