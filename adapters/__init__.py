@@ -23,7 +23,9 @@ ALIASES: dict[str, str] = {
 }
 
 # One module per family; modules whose transformers classes may be missing register inside try/except.
-FAMILY_MODULES = ("qwen3", "qwen3_moe", "llama")
+FAMILY_MODULES = ("qwen3", "qwen3_moe", "llama", "qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next",
+    "gpt_oss", "gemma4_text", "gemma4", "deepseek_v3", "kimi_k25", "minimax_m2", "qwen3_vl",
+)
 
 
 def register(*model_types: str):

@@ -35,7 +35,7 @@ def resolve_dir(source: str | os.PathLike, revision: str | None = None, patterns
         return path
     text = str(source)
     if path.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
-        raise NotFoundError(f"no such directory: {text}", hint="pass a local drafter directory or a Hub repo id")
+        raise NotFoundError(f"{text} is neither a local directory nor a Hub repo id", hint="check the path or id")
     from .hub import snapshot
 
     return snapshot(text, revision=revision, allow_patterns=patterns or DRAFT_FILES)

@@ -107,7 +107,9 @@ def main(argv: list[str] | None = None) -> None:
 
     debug = os.environ.get("DFLASH_ZOO_DEBUG", "") not in ("", "0")
     try:
-        cli.main(args=argv, prog_name="dflash-zoo", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="dflash-zoo", standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except click.exceptions.Abort:
         sys.stderr.write("interrupted\n")
         sys.exit(130)

@@ -36,11 +36,12 @@ def new_cache(config: Any) -> Any:
 
 def forward(model: torch.nn.Module, ids: torch.Tensor, cache: Any, logits_to_keep: int = 0, **kw: Any) -> torch.Tensor:
     """Run `model` on `ids` [1, T] appending to `cache`; returns logits [1, T or logits_to_keep, V]."""
-    kwargs = {cache_kwarg(model): cache, "use_cache": True, **kw}
+    name = cache_kwarg(model)
+    kwargs = {name: cache, "use_cache": True, **kw}
     if logits_to_keep:
         kwargs["logits_to_keep"] = logits_to_keep
     out = model(input_ids=ids, **kwargs)
-    returned = getattr(out, "cache", None) if not hasattr(out, "past_key_values") else out.past_key_values
+    returned = out.get(name)  # ModelOutput is dict-like; the attribute form warns on newer releases
     if returned is not None and returned is not cache:
         raise RuntimeError("the target created a new cache instead of using ours (cache kwarg mismatch)")
     return out.logits

@@ -45,10 +45,12 @@ def accept_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[to
 
 
 def accept_rejection(
-    drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None
+    drafts: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Speculative sampling. drafts [k] ~ q [k, V]; p [k+1, V] target probs -> (number accepted, bonus token)."""
     k = drafts.shape[0]
+    if k == 0:  # nothing drafted (last token before max_new_tokens): plain sampling from p
+        return torch.zeros((), dtype=torch.long), sample(p[:1], generator)[0]
     idx = torch.arange(k, device=drafts.device)
     p_d, q_d = p[idx, drafts], q[idx, drafts]  # [k]
     u = torch.rand(k, device=drafts.device, generator=generator)

@@ -8,7 +8,9 @@ Serves plain folders laid out `<root>/<org>/<name>/<files>` (transformers-5x.md 
   `Range: bytes=N-` answers 206 with `Content-Range` (resumed downloads);
 - revisions: `main` and the commit sha, which is derived from file names and content hashes (stable);
 - errors: 404 with `X-Error-Code` `RepoNotFound` / `RevisionNotFound` / `EntryNotFound`;
-  `gated` repos answer 401 `X-Error-Code: GatedRepo`; `fail_status` makes every answer that status.
+  `gated` repos answer 401 `X-Error-Code: GatedRepo`; `fail_status` makes every answer that status;
+  `unresolvable` files are listed but answer `EntryNotFound` (a file that vanished between listing and fetch);
+  `truncate_once` drops the next GET of a file after N bytes (an interrupted transfer, to test resume).
 
 Every request is logged (method, path, Range header) so tests can assert what the client did.
 It binds 127.0.0.1 only; sockets carry a timeout so a stuck client cannot hang a test.
@@ -23,6 +25,25 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
+
+DRAFT_REPO = "zoo-test/tiny-draft"
+TARGET_REPO = "zoo-test/tiny-target"
+_DRAFT_CONFIG = {
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 1,
+    "intermediate_size": 128,
+    "vocab_size": 1000,
+    "dflash_config": {"block_size": 8, "target_layer_ids": [1], "mask_token_id": 999},
+}
+DRAFT_FILES = {
+    "config.json": json.dumps(_DRAFT_CONFIG).encode(),
+    "model.safetensors": bytes(range(256)) * 64,  # 16 KiB
+    "README.md": b"# tiny draft\n",
+}
+TARGET_FILES = {"config.json": b'{"model_type": "qwen3"}\n', "model.safetensors": b"\x01" * 4096}
+SAMPLE_REPOS = {DRAFT_REPO: DRAFT_FILES, TARGET_REPO: TARGET_FILES}
 
 
 @dataclass(frozen=True)
@@ -46,6 +67,8 @@ class HubServer:
         self.root = Path(root)
         self.fail_status: int | None = None
         self.gated: set[str] = set()
+        self.unresolvable: set[str] = set()  # "org/name/path": listed, but resolve answers EntryNotFound
+        self.truncate_once: dict[str, int] = {}  # "org/name/path" -> bytes sent before the next GET drops
         self._log: list[Request] = []
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
@@ -87,6 +110,13 @@ class HubServer:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
         return target
+
+    def add_samples(self) -> HubServer:
+        """Serve `SAMPLE_REPOS` (a tiny drafter with a loadable config.json, and a tiny target)."""
+        for repo_id, files in SAMPLE_REPOS.items():
+            for path, data in files.items():
+                self.add_file(repo_id, path, data)
+        return self
 
     def files(self, repo_id: str) -> dict[str, bytes]:
         """All files of a repo, by repo-relative posix path (sorted)."""
@@ -185,11 +215,14 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._check(repo_id, rev):
             return
         data = self.hub.files(repo_id).get(path)
-        if data is None:
+        if data is None or f"{repo_id}/{path}" in self.hub.unresolvable:
             return self._error(404, "EntryNotFound", f"{path} does not exist at {rev}")
         headers = {"X-Repo-Commit": self.hub.commit(repo_id), "ETag": f'"{file_etag(data)}"'}
         headers["Accept-Ranges"] = "bytes"
         start = _range_start(self.headers.get("Range"))
+        cut = self.hub.truncate_once.pop(f"{repo_id}/{path}", None) if body else None
+        if cut is not None:
+            return self._send(200, data, headers, body, cut=cut)
         if start is None or start == 0:
             return self._send(200, data, headers, body)
         if start >= len(data):
@@ -203,14 +236,20 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {"X-Error-Code": code, "X-Error-Message": message, "Content-Type": "application/json"}
         self._send(status, payload, headers, body=self.command != "HEAD")
 
-    def _send(self, status: int, payload: bytes, headers: dict[str, str], body: bool) -> None:
+    def _send(
+        self, status: int, payload: bytes, headers: dict[str, str], body: bool, cut: int | None = None
+    ) -> None:
+        """Answer with `payload`; with `cut`, announce the full length but drop the connection after `cut` bytes."""
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         if body:
-            self.wfile.write(payload)
+            self.wfile.write(payload if cut is None else payload[:cut])
+        if cut is not None:
+            self.wfile.flush()
+            self.close_connection = True
 
 
 def _range_start(header: str | None) -> int | None:

@@ -88,3 +88,38 @@ def tiny_drafter(target=None, seed: int = 1, **kw) -> DFlashDrafter:
     torch.manual_seed(seed)
     model = DFlashDrafter(normalize_draft_config(draft_config_dict(target, **kw)))
     return model.float().eval()
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
+)
+
+
+def tiny_tokenizer():
+    """A character-level fast tokenizer (ids < 100) with a chat template, built offline."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, "\n": 4}
+    vocab.update({chr(c): 5 + i for i, c in enumerate(range(32, 127))})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def save_tiny_pair(root, model_type: str = "qwen3", block_size: int = 8):
+    """Write a tiny target (with tokenizer) and a random drafter as local directories; returns both paths."""
+    from dflash_zoo.checkpoint import save_drafter
+
+    target = tiny_target(model_type)
+    target_dir, draft_dir = root / "target", root / "draft"
+    target.save_pretrained(target_dir)
+    tiny_tokenizer().save_pretrained(target_dir)
+    save_drafter(tiny_drafter(target, block_size=block_size), draft_dir)
+    return target_dir, draft_dir

@@ -1,0 +1,203 @@
+"""Shared machinery for hybrid Gated-DeltaNet targets (Qwen3.5/3.6, Qwen3-Coder-Next); see docs/hybrid-rollback.md.
+
+`Cache.crop` trims a linear layer's recorded conv window but cannot rewind its recurrent (delta-rule) state
+(transformers-5x.md §4). Two exact rollbacks, chosen per adapter instance:
+- "replay": restore the pre-verify linear states, crop the whole block, run the committed inputs again;
+- "recompute" (default): forward hooks on each GDN module's input projections keep the verify's conv input and
+  decay/beta logits; `crop` fixes attention KV and conv windows, and the recurrent state is recomputed from the
+  snapshot for the accepted prefix only (`gated_delta_final_state`). No second target forward.
+Mirrors `Qwen3_5GatedDeltaNet` / `torch_chunk_gated_delta_rule` in transformers `models/qwen3_5/modeling_qwen3_5.py`.
+Torch is imported inside functions only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .base import Problem, TargetAdapter
+
+if TYPE_CHECKING:
+    import torch
+
+LINEAR, FULL = "linear_attention", "full_attention"
+ROLLBACK_MODES = ("recompute", "replay")
+
+
+def gated_delta_final_state(state, k, v, g, beta) -> torch.Tensor:
+    """State after n gated delta-rule steps from `state`, in closed (WY / UT-transform) form.
+
+    Per step t: S = exp(g_t) S; S += k_t (beta_t (v_t - S^T k_t))^T. Shapes: state [B, H, Dk, Dv]; k [B, H, n, Dk]
+    (l2-normed); v [B, H, n, Dv]; g, beta [B, H, n]. All fp32. One triangular solve instead of n sequential steps.
+    """
+    import torch
+
+    n = k.shape[-2]
+    c = g.cumsum(-1)  # [B, H, n] log of the decay accumulated from the block start to step t
+    strictly_lower = torch.ones(n, n, dtype=torch.bool, device=k.device).tril(-1)
+    pair = (
+        (c[..., :, None] - c[..., None, :]).masked_fill(~strictly_lower, float("-inf")).exp()
+    )  # [B, H, n, n]
+    system = beta[..., None] * (k @ k.transpose(-1, -2)) * pair  # [B, H, n, n], strictly lower
+    system = system + torch.eye(n, dtype=k.dtype, device=k.device)
+    rhs = beta[..., None] * (v - c.exp()[..., None] * (k @ state))  # [B, H, n, Dv]
+    delta = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)  # [B, H, n, Dv]
+    tail = (c[..., -1:] - c).exp()[..., None]  # [B, H, n, 1] decay from step t to the block end
+    return c[..., -1:].exp()[..., None] * state + (k * tail).transpose(-1, -2) @ delta  # [B, H, Dk, Dv]
+
+
+def require_croppable(cache: Any, adapter_name: str) -> None:
+    """Refuse a crop-based rollback on a cache holding recurrent state (crop would silently be wrong)."""
+    stateful = sorted(
+        {type(layer).__name__ for layer in cache.layers if getattr(layer, "recurrent_states", None)}
+    )
+    if stateful:
+        from dflash_zoo.errors import UnsupportedModelError
+
+        raise UnsupportedModelError(
+            f"adapter {adapter_name} rolls back by cropping, but the cache holds recurrent state ({', '.join(stateful)}); "
+            "cropping cannot rewind it and would silently change the output",
+            hint="this target needs an adapter with its own rollback (see docs/hybrid-rollback.md)",
+        )
+
+
+@dataclass
+class GDNSnapshot:
+    """Linear-layer states before a verify, plus what the capture hooks saw during it."""
+
+    conv: dict[int, Any]  # layer -> conv window [B, C, K]
+    recurrent: dict[int, Any]  # layer -> state [B, Hv, Dk, Dv]
+    seen: dict[tuple[int, str], Any] = field(default_factory=dict)  # (layer, projection) -> output [B, T, *]
+    handles: list[Any] = field(default_factory=list)
+
+    def release(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+
+class HybridGDNAdapter(TargetAdapter):
+    """A decoder whose `layer_types` mix `linear_attention` (Gated-DeltaNet) and `full_attention` layers."""
+
+    cache_strategy = "gdn-recompute"
+    rollback_supported = True
+    gdn_attr: ClassVar[str] = "linear_attn"  # the GDN module inside a decoder layer
+    gdn_capture: ClassVar[tuple[str, ...]] = ()  # GDN submodules whose outputs the recompute rollback needs
+
+    def __init__(self, model: Any, rollback: str = "recompute", layers_path: str | None = None):
+        super().__init__(model)
+        if rollback not in ROLLBACK_MODES:
+            raise ValueError(f"rollback must be one of {ROLLBACK_MODES}, not {rollback!r}")
+        self.mode = rollback
+        self.cache_strategy = f"gdn-{rollback}"
+        if layers_path is not None:
+            self.layers_path = layers_path
+        self.linear_ids = self._check_layers()
+
+    @classmethod
+    def validate(cls, target_config: dict[str, Any], draft: Any) -> list[Problem]:
+        problems = super().validate(target_config, draft)
+        text = cls.text_config_dict(target_config)
+        unknown = sorted(set(text.get("layer_types") or []) - {LINEAR, FULL})
+        hk, hv = text.get("linear_num_key_heads") or 1, text.get("linear_num_value_heads") or 1
+        if "layer_types" not in text and "full_attention_interval" not in text:
+            problems.append(Problem("WARN", "layer_types", "no layer_types: 3 GDN : 1 full is assumed"))
+        if unknown:
+            problems.append(Problem("FAIL", "layer_types", f"layer types {unknown} have no exact rollback"))
+        if hv % hk:
+            problems.append(Problem("FAIL", "linear_heads", f"{hv} GDN value heads, {hk} key heads"))
+        return problems
+
+    def gdn_inputs(self, gdn: Any, seen: dict[str, Any]) -> tuple[Any, Any, Any]:
+        """Family hook: captured outputs -> (conv input [B, T, C], a [B, T, Hv], b [B, T, Hv])."""
+        raise NotImplementedError
+
+    def _check_layers(self) -> list[int]:
+        from dflash_zoo.errors import UnsupportedModelError
+
+        types = list(self.text_config.layer_types)
+        unknown = sorted(set(types) - {LINEAR, FULL})
+        layers = self.layers()
+        missing = [
+            i
+            for i, t in enumerate(types)
+            if t == LINEAR
+            and not all(hasattr(getattr(layers[i], self.gdn_attr, None), m) for m in self.gdn_capture)
+        ]
+        if unknown or missing:
+            raise UnsupportedModelError(
+                f"{type(self).__name__} cannot roll back layer types {unknown} / GDN layers {missing} of this target",
+                hint="no exact rollback for this stateful model; use a transformers version this adapter supports",
+            )
+        return [i for i, t in enumerate(types) if t == LINEAR]
+
+    # ---- cache protocol --------------------------------------------------------------------------
+    def snapshot(self, cache: Any) -> GDNSnapshot:
+        snap = GDNSnapshot(
+            conv={i: cache.layers[i].conv_states[0].clone() for i in self.linear_ids},
+            recurrent={i: cache.layers[i].recurrent_states[0].clone() for i in self.linear_ids},
+        )
+        if self.mode == "recompute":
+            layers = self.layers()
+            for i in self.linear_ids:
+                gdn = getattr(layers[i], self.gdn_attr)
+                for name in self.gdn_capture:
+                    snap.handles.append(getattr(gdn, name).register_forward_hook(self._keep(snap, i, name)))
+        return snap
+
+    @staticmethod
+    def _keep(snap: GDNSnapshot, layer: int, name: str):
+        def hook(_module, _args, output):
+            snap.seen[(layer, name)] = output
+
+        return hook
+
+    def rollback(self, cache: Any, num_rejected: int, snapshot: Any, committed_ids: Any) -> None:
+        snapshot.release()
+        if num_rejected == 0:  # the verify's own states are right; crop(0) trims the recorded conv history
+            cache.crop(0)
+        elif self.mode == "replay":
+            self._replay(cache, snapshot, committed_ids, num_rejected)
+        else:
+            self._recompute(cache, snapshot, committed_ids.shape[1], num_rejected)
+        snapshot.seen.clear()
+
+    def _restore(self, cache: Any, snap: GDNSnapshot) -> None:
+        for i in self.linear_ids:
+            cache.layers[i].conv_states[0] = snap.conv[i].clone()
+            cache.layers[i].recurrent_states[0].copy_(snap.recurrent[i])
+
+    def _replay(self, cache: Any, snap: GDNSnapshot, committed: Any, num_rejected: int) -> None:
+        cache.crop(-(committed.shape[1] + num_rejected))  # attention layers lose the whole verify block
+        self._restore(cache, snap)
+        self.forward(committed, cache, logits_to_keep=1)  # re-appends attention KV and conv inputs, exact
+        cache.crop(0)
+
+    def _recompute(self, cache: Any, snap: GDNSnapshot, n: int, num_rejected: int) -> None:
+        cache.crop(-num_rejected)  # exact for attention KV and for the recorded conv windows
+        layers = self.layers()
+        for i in self.linear_ids:
+            gdn = getattr(layers[i], self.gdn_attr)
+            seen = {name: snap.seen[(i, name)] for name in self.gdn_capture}
+            mixed, a, b = (x[:, :n] for x in self.gdn_inputs(gdn, seen))
+            state = _accepted_state(gdn, snap.conv[i], snap.recurrent[i], mixed, a, b)
+            cache.layers[i].recurrent_states[0].copy_(state)
+
+
+def _accepted_state(gdn: Any, window, state, mixed, a, b) -> torch.Tensor:
+    """Recurrent state after the n accepted tokens: causal conv, then the delta rule (as `Qwen3_5GatedDeltaNet`)."""
+    import torch
+    import torch.nn.functional as F
+
+    k_size = gdn.conv_kernel_size
+    w = gdn.conv1d.weight  # [C, 1, K] depthwise
+    x = torch.cat([window[..., -(k_size - 1) :], mixed.transpose(1, 2)], dim=-1).to(w.dtype)  # [B, C, K-1+n]
+    conv = getattr(F, gdn.activation)(F.conv1d(x, w, gdn.conv1d.bias, groups=w.shape[0]))  # [B, C, n]
+    _, k, v = conv.transpose(1, 2).float().split([gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
+    k = k.reshape(*k.shape[:2], gdn.num_k_heads, gdn.head_k_dim)  # [B, n, Hk, Dk]
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)  # l2norm as in the FLA kernel
+    k = k.repeat_interleave(gdn.num_v_heads // gdn.num_k_heads, dim=2).transpose(1, 2)  # [B, Hv, n, Dk]
+    v = v.reshape(*v.shape[:2], gdn.num_v_heads, gdn.head_v_dim).transpose(1, 2)  # [B, Hv, n, Dv]
+    beta = b.float().sigmoid().transpose(1, 2)  # [B, Hv, n]
+    g = (-gdn.A_log.float().exp() * F.softplus(a.float() + gdn.dt_bias)).transpose(1, 2)  # [B, Hv, n]
+    return gated_delta_final_state(state.float(), k, v, g, beta)

@@ -1,0 +1,66 @@
+"""Gemma 4 text decoders (`gemma4_text`: Gemma4ForCausalLM; mirrors transformers `models/gemma4/modeling_gemma4.py`).
+
+Quirks:
+- scaled embeddings: `Gemma4TextScaledWordEmbedding` multiplies by sqrt(H) inside its `forward`, so `embed`
+  goes through `get_input_embeddings()` (indexing `.weight` would drop the scale; vllm#41703);
+- final-logit soft-capping: logits become `cap * tanh(logits / cap)` (cap 30). `logits(h)` applies it with
+  the same operations as the target, and the engine uses `logits` for draft logits too, as the drafter
+  config (`final_logit_softcapping: 30.0`) expects. Greedy argmax is unaffected; sampling is not;
+- sliding(1024) : full layers 5:1, full layers with their own head dim / KV heads (K = V on 31B/26B). The
+  cache mixes sliding and full layers: past recording after prefill, then negative crop (base class);
+- KV-shared tail layers (E2B/E4B, `num_kv_shared_layers > 0`) reuse earlier layers' K/V and write nothing
+  to the cache (`DummyLayer` entries in 5.24). transformers also feeds those layers only the last
+  `logits_to_keep` positions when `logits_to_keep` is an int > 0, which would cut the prefill taps there;
+  a tensor of positions disables that shortcut, so `forward` passes one;
+- tied LM head (`lm_head.weight` is the embedding); `get_output_embeddings()` covers tied and untied.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import register
+from .base import Problem, TargetAdapter
+
+if TYPE_CHECKING:
+    import torch
+
+    from dflash_zoo.config import DraftConfig
+
+
+@register("gemma4_text")
+class Gemma4TextAdapter(TargetAdapter):
+    cache_strategy = "crop-with-recording"
+    notes = "embed x sqrt(H); final-logit soft-cap; sliding/full 5:1; KV-shared tail (E2B/E4B)"
+
+    @classmethod
+    def validate(cls, target_config: dict[str, Any], draft: DraftConfig) -> list[Problem]:
+        problems = super().validate(target_config, draft)
+        cap = cls.text_config_dict(target_config).get("final_logit_softcapping")
+        if draft.final_logit_softcapping is not None and draft.final_logit_softcapping != cap:
+            problems.append(
+                Problem("WARN", "softcap", f"drafter soft-cap {draft.final_logit_softcapping} != target {cap}")
+            )
+        return problems
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[B, T, H] -> [B, T, V], soft-capped exactly as the target's forward does."""
+        import torch
+
+        logits = self.model.get_output_embeddings()(h)
+        cap = self.text_config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def forward(self, ids: torch.Tensor, cache: Any, logits_to_keep: int = 0, **extra: Any) -> torch.Tensor:
+        if not (logits_to_keep and ids.shape[1] > 1 and getattr(self.text_config, "num_kv_shared_layers", 0)):
+            return super().forward(ids, cache, logits_to_keep, **extra)
+        import torch
+
+        from dflash_zoo import compat
+
+        seq = ids.shape[1]
+        keep = torch.arange(seq - logits_to_keep, seq, device=ids.device)  # [k] positions: no KV-shared slicing
+        kwargs = {compat.cache_kwarg(self.model): cache, "use_cache": True, "logits_to_keep": keep, **extra}
+        return self.model(input_ids=ids, **kwargs).logits  # [1, k, V]

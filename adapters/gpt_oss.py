@@ -1,0 +1,40 @@
+"""gpt-oss targets (openai/gpt-oss-20b, openai/gpt-oss-120b; mirrors transformers `models/gpt_oss/modeling_gpt_oss.py`).
+
+Quirks:
+- attention sinks: a learned per-head logit joined to the softmax. They concern only the target; the
+  drafter is a plain Qwen3-style block. transformers has no sdpa path for sinks (`_supports_sdpa = False`),
+  so the target is loaded with eager attention unless the caller asks for another implementation;
+- layers alternate sliding(128) / full attention, sliding first: the cache mixes `DynamicSlidingWindowLayer`
+  and `DynamicLayer`. Once a sliding window is full a plain crop raises, so the base class turns on past
+  recording after prefill (`start_decoding`) and crops every step (`crop(0)` on a full accept trims the
+  recorded history back to the window). Negative crop with recording is exact (transformers-5x.md §3);
+- harmony chat format: a turn ends on `<|return|>` (200002), a tool call on `<|call|>` (200012), and
+  `<|endoftext|>` (199999) is the pad/eos. `extra_stop_token_ids` lists them for the engine to merge with
+  the generation config's eos ids;
+- MoE experts ship as MXFP4; without MXFP4 kernels transformers dequantizes them (20b: about 40 GB in bf16).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from . import register
+from .base import TargetAdapter
+
+HARMONY_RETURN, HARMONY_CALL, HARMONY_ENDOFTEXT = 200002, 200012, 199999
+
+
+@register("gpt_oss")
+class GptOssAdapter(TargetAdapter):
+    cache_strategy = "crop-with-recording"  # sliding layers: activate_past_recording after prefill
+    extra_stop_token_ids: ClassVar[tuple[int, ...]] = (HARMONY_RETURN, HARMONY_CALL, HARMONY_ENDOFTEXT)
+    attn_implementation: ClassVar[str] = "eager"  # sinks: the only exact CPU/GPU path without kernels
+    notes = "attention sinks (eager); sliding/full alternating; harmony stop tokens"
+
+    @classmethod
+    def load_model(cls, directory: str, dtype: Any, device: Any, attn_implementation: str | None = None) -> Any:
+        import transformers
+
+        auto = getattr(transformers, cls.auto_class)
+        impl = attn_implementation or cls.attn_implementation
+        return auto.from_pretrained(directory, dtype=dtype, attn_implementation=impl).to(device).eval()

@@ -1,0 +1,49 @@
+"""Qwen3.5/3.6 vision-language targets (`Qwen3_5ForConditionalGeneration`; mirrors transformers
+`models/qwen3_5/modeling_qwen3_5.py`). Covers Qwen/Qwen3.5-4B/9B/27B and Qwen/Qwen3.6-27B.
+
+Quirks:
+- a VLM wrapper: the decoder is `model.model.language_model` (`Qwen3_5TextModel`), the head `model.lm_head`;
+  the top-level `get_input_embeddings` / `get_output_embeddings` reach both, so embed/logits are the defaults;
+- loaded with `AutoModelForImageTextToText`: `AutoModelForCausalLM` maps `qwen3_5` to the text-only class,
+  which drops the vision tower. Text-only `model(input_ids=...)` works (1-D positions expand to mRoPE);
+- the image is seen at prefill only (`pixel_values` through `forward(**extra)`); the replay rollback runs the
+  whole wrapper so mRoPE position offsets (`rope_deltas`) stay those of the prefill;
+- everything about the cache comes from the text family by composition: `self.text` is a `qwen3_5_text`
+  adapter on the same model with this wrapper's layer path (GDN recompute rollback, replay fallback);
+- the shapes live in `text_config`; a composite config without one is refused by `validate`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from . import register
+from ._hybrid import HybridGDNAdapter
+from .base import Problem, TargetAdapter
+from .qwen3_5_text import Qwen3_5TextAdapter
+
+
+@register("qwen3_5")
+class Qwen3_5Adapter(TargetAdapter):
+    text_family: ClassVar[type[HybridGDNAdapter]] = Qwen3_5TextAdapter
+    layers_path = "model.language_model.layers"
+    auto_class = "AutoModelForImageTextToText"
+    cache_strategy = "gdn-recompute"
+    notes = "VLM wrapper over the hybrid Gated-DeltaNet text model (exact GDN rollback)"
+
+    def __init__(self, model: Any, rollback: str = "recompute"):
+        super().__init__(model)
+        self.text = self.text_family(model, rollback=rollback, layers_path=self.layers_path)
+        self.cache_strategy = self.text.cache_strategy
+
+    @classmethod
+    def validate(cls, target_config: dict[str, Any], draft: Any) -> list[Problem]:
+        if not isinstance(target_config.get("text_config"), dict):
+            return [Problem("FAIL", "text_config", f"{cls.model_types[0]} config has no text_config section")]
+        return cls.text_family.validate(target_config, draft)
+
+    def snapshot(self, cache: Any) -> Any:
+        return self.text.snapshot(cache)
+
+    def rollback(self, cache: Any, num_rejected: int, snapshot: Any, committed_ids: Any) -> None:
+        self.text.rollback(cache, num_rejected, snapshot, committed_ids)

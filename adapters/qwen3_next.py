@@ -1,0 +1,33 @@
+"""Qwen3-Next targets (Qwen/Qwen3-Coder-Next; `Qwen3NextForCausalLM`, mirrors transformers
+`models/qwen3_next/modeling_qwen3_next.py`).
+
+Quirks:
+- hybrid layers (3 Gated-DeltaNet : 1 gated full attention) with the same GDN recurrence as Qwen3.5, so the
+  same exact rollback (`_hybrid.py`); a negative `crop` alone would be silently wrong;
+- the GDN projections are fused and head-interleaved: `in_proj_qkvz` holds [q | k | v | z] per key-head group
+  and `in_proj_ba` holds [b | a] per group. The recompute rollback hooks these two and unpacks them with the
+  module's own `fix_query_key_value_ordering`, so the conv input is rebuilt as [q | k | v] exactly as forward does;
+- the published drafter taps [3, 11, 23, 35, 43]: these sit on full-attention layers (index = 3 mod 4), unlike
+  the usual `1 + k * step` spread. Taps are taken as given, never normalised;
+- MoE MLPs (512 experts, top-10 plus a shared expert); Qwen3-Coder has no thinking mode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import register
+from ._hybrid import HybridGDNAdapter
+
+
+@register("qwen3_next")
+class Qwen3NextAdapter(HybridGDNAdapter):
+    gdn_capture = ("in_proj_qkvz", "in_proj_ba")
+    notes = "hybrid Gated-DeltaNet (Coder-Next): exact GDN rollback; unusual taps kept as published"
+
+    def gdn_inputs(self, gdn: Any, seen: dict[str, Any]) -> tuple[Any, Any, Any]:
+        import torch
+
+        q, k, v, _z, b, a = gdn.fix_query_key_value_ordering(seen["in_proj_qkvz"], seen["in_proj_ba"])
+        mixed = torch.cat([x.reshape(*x.shape[:2], -1) for x in (q, k, v)], dim=-1)  # [B, T, 2 Kd + Vd]
+        return mixed, a, b  # a, b: [B, T, Hv]

@@ -1,0 +1,41 @@
+"""Qwen3-VL targets (Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration; mirrors transformers
+`models/qwen3_vl/modeling_qwen3_vl.py`).
+
+Quirks:
+- VLM wrapper: the decoder lives at `model.language_model` (Qwen3-style layers with q/k norm); the LM
+  head is `lm_head` on the wrapper; there is no `AutoModelForCausalLM` mapping, so the target loads through
+  `AutoModelForImageTextToText`;
+- interleaved mRoPE: text positions are (t, h, w) triples. After an image, text positions are shifted by
+  `rope_deltas`, which transformers computes at prefill (cache length 0, with `mm_token_type_ids` and
+  `image_grid_thw`) and keeps on the inner model (`model.model.rope_deltas`). Later text-only forwards
+  on the same cache read it back (position = cache length + delta), so a negative crop stays exact.
+  The value outlives the generation, though: a text-only prompt after an image prompt would reuse the
+  stale delta from its second forward on. `new_cache` therefore clears it before every prefill;
+- deepstack: visual features are added to the first decoder layers' outputs at image positions during
+  prefill only; taps see them as the target's own hidden states;
+- images (`accepts_images`): pixel values, `image_grid_thw` and `mm_token_type_ids` go to the prefill only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import register
+from .base import TargetAdapter
+
+
+@register("qwen3_vl")
+class Qwen3VLAdapter(TargetAdapter):
+    layers_path = "model.language_model.layers"
+    auto_class = "AutoModelForImageTextToText"
+    accepts_images = True
+    notes = "VLM wrapper; mRoPE deltas reset per generation"
+
+    def new_cache(self) -> Any:
+        self.model.model.rope_deltas = None  # stale deltas from an earlier image prompt would shift positions
+        return super().new_cache()
+
+
+@register("qwen3_vl_moe")
+class Qwen3VLMoeAdapter(Qwen3VLAdapter):
+    notes = "VLM wrapper (MoE text model); mRoPE deltas reset per generation"

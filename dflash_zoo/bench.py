@@ -1,0 +1,285 @@
+"""`bench`: autoregressive vs DFlash on the same target and prompt, with a provenance record.
+
+Sources: a real pair (`--target/--draft` or a registry id, via `api.load`), the embedded demo pair, or a
+random-weight target of a named shape (`SHAPES`, from families.md §1/§2; nothing is downloaded).
+Paths: `eager` (decode.py, the reference) and `fast` (fast.py: static caches + CUDA graphs).
+Reported per path and mode: tok/s (median over repeats), speedup, mean acceptance length + histogram, time to
+first token, peak GPU memory, and the fraction of the bandwidth roofline (streamed weight bytes over a device
+copy bandwidth measured in the same run). `what_if_acceptance` forces the accept decision to a schedule with
+exactly that mean (target and drafter still run for real): such records are labelled "projection".
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from math import floor
+from typing import Any
+
+import torch
+
+from . import benchmeta
+from .decode import SpeculativeDecoder, autoregressive_generate
+from .results import GenerationConfig, GenerationResult
+
+log = logging.getLogger("dflash_zoo")
+SCHEMA = "dflash-zoo.bench/1"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A target shape (+ a random drafter for it). ffn: target intermediate size."""
+
+    model_type: str
+    hidden: int
+    layers: int
+    vocab: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    rope_theta: float
+    mask_token_id: int
+    draft_layers: int = 5
+    draft_taps: int = 5
+    block_size: int = 16
+    extra: dict = field(default_factory=dict)
+
+
+# families.md §1 (H, L, V, q/kv/hd) and §2 (drafter FFN, B, mask id). Target FFN: Qwen3-8B 12288 (= its
+# drafter's); Llama-3.1-8B 14336 (its config.json); Qwen3.5-9B: the qwen3_5_text config default (12288).
+SHAPES: dict[str, Shape] = {
+    "qwen3-8b": Shape("qwen3", 4096, 36, 151936, 32, 8, 128, 12288, 1e6, 151669),
+    "qwen3-4b": Shape(
+        "qwen3", 2560, 36, 151936, 32, 8, 128, 9728, 1e6, 151669, extra={"tie_word_embeddings": True}
+    ),
+    "llama-3.1-8b": Shape("llama", 4096, 32, 128256, 32, 8, 128, 14336, 5e5, 128255, block_size=10),
+    "qwen3.5-9b": Shape("qwen3_5_text", 4096, 32, 248320, 16, 4, 256, 12288, 1e7, 248070),
+    "tiny-qwen3": Shape(
+        "qwen3", 64, 4, 256, 4, 2, 16, 128, 1e6, 255, draft_layers=2, draft_taps=2, block_size=8
+    ),
+    "tiny-llama": Shape(
+        "llama", 64, 4, 256, 4, 2, 16, 128, 1e4, 255, draft_layers=2, draft_taps=2, block_size=8
+    ),
+}
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    prompt_tokens: int = 512
+    new_tokens: int = 512
+    block_size: int | None = None
+    warmup: int = 1
+    repeats: int = 3
+    graphs: bool | None = None  # --compile: CUDA graphs on the fast path (None: on for CUDA)
+    paths: tuple[str, ...] = ("fast",)
+    what_if_acceptance: float | None = None
+    seed: int = 0
+
+
+@dataclass
+class Subject:
+    """What is benchmarked: the adapter, drafter, prompt and a description for the record."""
+
+    adapter: Any
+    drafter: Any
+    mask_token_id: int
+    prompt: list[int]
+    source: dict[str, Any]
+
+
+# ---- what-if acceptance -----------------------------------------------------------------------------
+def whatif_schedule(tau: float, block_size: int) -> Callable[[int, int], int]:
+    """Forced accepted-draft counts whose committed tokens per step (na + 1) average exactly `tau`.
+
+    Step s commits floor((s+1) tau) - floor(s tau) tokens (alternating floor / ceil for tau = 6.5), so any
+    whole number of periods (`whatif_new_tokens`) has mean exactly tau.
+    """
+    frac = Fraction(str(tau)).limit_denominator(1000)
+    if not 1 <= frac <= block_size:
+        raise ValueError(f"what-if acceptance {tau} must lie in [1, block size {block_size}]")
+
+    def override(step: int, num_drafts: int) -> int:
+        return floor((step + 1) * frac) - floor(step * frac) - 1
+
+    return override
+
+
+def whatif_new_tokens(tau: float, requested: int) -> int:
+    """New tokens (first token + a whole number of schedule periods) closest to `requested` from below."""
+    frac = Fraction(str(tau)).limit_denominator(1000)
+    period = frac.denominator
+    steps = max(period, int((requested - 1) / frac) // period * period)
+    return 1 + int(steps * frac)
+
+
+# ---- building subjects ---------------------------------------------------------------------------
+def random_subject(name: str, device: str, dtype: torch.dtype, opts: BenchOptions) -> Subject:
+    """A random-weight target of shape `name` and a random drafter for it (no download)."""
+    import transformers
+
+    from .adapters import get_adapter
+    from .config import default_target_layer_ids, normalize_draft_config
+    from .drafter import DFlashDrafter
+
+    s = SHAPES[name]
+    torch.manual_seed(opts.seed)
+    kw = dict(
+        vocab_size=s.vocab,
+        hidden_size=s.hidden,
+        num_hidden_layers=s.layers,
+        num_attention_heads=s.heads,
+        num_key_value_heads=s.kv_heads,
+        head_dim=s.head_dim,
+        intermediate_size=s.ffn,
+        max_position_embeddings=max(40960, opts.prompt_tokens + opts.new_tokens + 64),
+        rope_parameters={"rope_type": "default", "rope_theta": s.rope_theta},
+        **s.extra,
+    )
+    if s.model_type == "qwen3_5_text":
+        kw["rope_parameters"]["partial_rotary_factor"] = 0.25
+    cfg = transformers.AutoConfig.for_model(s.model_type, **kw)
+    auto = getattr(transformers, get_adapter(s.model_type).auto_class)
+    with torch.device(device):
+        model = auto.from_config(cfg, dtype=dtype).eval()
+    taps = default_target_layer_ids(s.layers, s.draft_taps)
+    draft = normalize_draft_config(
+        {
+            "model_type": "qwen3",
+            "hidden_size": s.hidden,
+            "intermediate_size": 12288 if s.hidden == 4096 else s.ffn,
+            "num_hidden_layers": s.draft_layers,
+            "num_attention_heads": 32 if s.hidden >= 2560 else s.heads,
+            "num_key_value_heads": 8 if s.hidden >= 2560 else s.kv_heads,
+            "head_dim": 128 if s.hidden >= 2560 else s.head_dim,
+            "vocab_size": s.vocab,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": s.rope_theta,
+            "max_position_embeddings": 40960,
+            "num_target_layers": s.layers,
+            "dflash_config": {
+                "block_size": s.block_size,
+                "target_layer_ids": taps,
+                "mask_token_id": s.mask_token_id,
+            },
+        }
+    )
+    with torch.device(device):
+        drafter = DFlashDrafter(draft).to(dtype).eval()
+    gen = torch.Generator().manual_seed(opts.seed)
+    prompt = torch.randint(0, s.mask_token_id, (opts.prompt_tokens,), generator=gen).tolist()
+    source = {
+        "kind": "shape",
+        "shape": name,
+        **{k: v for k, v in vars(s).items() if k != "extra"},
+        "weights": "random",
+    }
+    return Subject(get_adapter(s.model_type)(model), drafter, s.mask_token_id, prompt, source)
+
+
+def pair_subject(
+    target: str | None, draft: str | None, device: str, dtype: torch.dtype, opts: BenchOptions
+) -> Subject:
+    """A real pair (paths, Hub ids, a registry id) or, with neither, the embedded demo pair."""
+    from .api import load
+
+    pipe = load(target, draft, device=device, dtype=dtype)
+    prompt = benchmeta.text_prompt(
+        pipe.tokenizer, opts.prompt_tokens, pipe.mask_token_id, pipe.drafter.cfg.vocab_size
+    )
+    source = {
+        "kind": "demo" if target is None and draft is None else "pair",
+        "target": target,
+        "draft": draft,
+        "registry": benchmeta.registry_entry(target),
+    }
+    return Subject(pipe.adapter, pipe.drafter, pipe.mask_token_id, prompt, source)
+
+
+# ---- measuring -------------------------------------------------------------------------------------
+def _measure(fn: Callable[[], GenerationResult], opts: BenchOptions, device: torch.device) -> dict[str, Any]:
+    for _ in range(opts.warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    runs = [fn() for _ in range(opts.repeats)]
+    res = runs[-1]
+    tps = [r.tokens_per_second for r in runs]
+    return {
+        "tokens_per_second": statistics.median(tps),
+        "tokens_per_second_runs": tps,
+        "new_tokens": len(res.output_ids),
+        "steps": len(res.steps),
+        "mean_acceptance_length": res.mean_acceptance_length if res.steps else 1.0,
+        "histogram": {str(k): v for k, v in res.histogram.items()},
+        "ttft_seconds": statistics.median(r.prefill_seconds for r in runs),
+        "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        "output_ids": res.output_ids,
+    }
+
+
+def _runners(path: str, sub: Subject, cfg: GenerationConfig, override, max_len: int, opts: BenchOptions):
+    """(autoregressive, dflash) callables for one path."""
+    if path == "eager":
+        dev = next(sub.drafter.parameters()).device
+
+        def spec() -> GenerationResult:
+            dec = SpeculativeDecoder(sub.adapter, sub.drafter, sub.prompt, cfg, sub.mask_token_id, override)
+            for _ in dec:
+                pass
+            return dec.result
+
+        return (lambda: autoregressive_generate(sub.adapter, sub.prompt, cfg, dev)), spec
+    from .fast import FastEngine
+
+    eng = FastEngine(sub.adapter, sub.drafter, sub.mask_token_id, max_len, opts.graphs, cfg.block_size)
+    return (lambda: eng.autoregressive(sub.prompt, cfg)), (lambda: eng.speculative(sub.prompt, cfg, override))
+
+
+def run_bench(sub: Subject, opts: BenchOptions, argv: list[str] | None = None) -> dict[str, Any]:
+    """Measure every requested path; returns the JSON record (schema `SCHEMA`)."""
+    device = next(sub.drafter.parameters()).device
+    new_tokens, override = opts.new_tokens, None
+    block = opts.block_size or sub.drafter.cfg.block_size
+    if opts.what_if_acceptance is not None:
+        override = whatif_schedule(opts.what_if_acceptance, block)
+        new_tokens = whatif_new_tokens(opts.what_if_acceptance, opts.new_tokens)
+    cfg = GenerationConfig(max_new_tokens=new_tokens, block_size=block)
+    bw = benchmeta.copy_bandwidth(device)
+    wbytes = benchmeta.weight_bytes(sub.adapter, sub.drafter)
+    results: dict[str, Any] = {}
+    for path in opts.paths:
+        log.info("bench: %s path", path)
+        ar_fn, spec_fn = _runners(path, sub, cfg, override, len(sub.prompt) + new_tokens, opts)
+        ar, spec = _measure(ar_fn, opts, device), _measure(spec_fn, opts, device)
+        benchmeta.add_roofline(ar, spec, wbytes, bw)
+        results[path] = {
+            "autoregressive": ar,
+            "dflash": spec,
+            "speedup": spec["tokens_per_second"] / max(ar["tokens_per_second"], 1e-9),
+        }
+    return {
+        "schema": SCHEMA,
+        "kind": "projection" if override else "measurement",
+        "projection": None
+        if override is None
+        else {
+            "what_if_acceptance": opts.what_if_acceptance,
+            "note": "accept decisions follow a fixed schedule with this mean; drafts are not checked",
+        },
+        "options": {
+            **vars(opts),
+            "paths": list(opts.paths),
+            "new_tokens_effective": new_tokens,
+            "block_size": block,
+        },
+        "subject": {**sub.source, "prompt_tokens": len(sub.prompt), "weight_bytes": wbytes},
+        "device": {"type": device.type, "copy_bandwidth_bytes_per_s": bw},
+        "results": results,
+        "provenance": benchmeta.provenance(argv if argv is not None else sys.argv, device),
+    }

@@ -1,0 +1,164 @@
+"""Bench helpers: prompts, weight bytes, the copy-bandwidth ceiling, the roofline fraction and provenance.
+
+Roofline (METHOD.md "two numbers"): a batch-1 decode step streams every weight once, so its floor is
+streamed weight bytes over device bandwidth. Bandwidth is measured in the same run with a large device-to-
+device copy (bytes read + written). Streamed bytes leave out an untied input-embedding table (one row is
+read per token); a DFlash step streams the target, the drafter and the target's LM head a second time (the
+drafter's logits) for `tau` tokens. KV-cache reads are left out: small next to 16 GB of weights at 1k tokens.
+Provenance follows style rule 27: argv, git commit, package versions, GPU, registry entry.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import time
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PROMPT_TEXT = (
+    "def quicksort(items):\n    if len(items) <= 1:\n        return items\n    pivot = items[len(items) // 2]\n"
+    "    left = [x for x in items if x < pivot]\n    middle = [x for x in items if x == pivot]\n"
+    "    right = [x for x in items if x > pivot]\n    return quicksort(left) + middle + quicksort(right)\n\n"
+    "Explain step by step how this function works, what its complexity is, and how to make it stable.\n"
+)
+
+
+def text_prompt(tokenizer: Any, n: int, mask_id: int, vocab: int) -> list[int]:
+    """`n` prompt ids: a fixed text repeated (with a tokenizer), else a fixed pseudo-random id list."""
+    if tokenizer is not None:
+        ids = tokenizer.encode(PROMPT_TEXT)
+        return (ids * (n // max(len(ids), 1) + 1))[:n]
+    gen = torch.Generator().manual_seed(0)
+    return [i if i != mask_id else 0 for i in torch.randint(0, vocab, (n,), generator=gen).tolist()]
+
+
+def registry_entry(name: str | None) -> dict[str, Any] | None:
+    """The registry entry a name resolves to (slug, repos, pinned draft revision), if any."""
+    if not name or Path(name).expanduser().exists():
+        return None
+    try:
+        from .registry import load_registry
+
+        found = load_registry().lookup(name)
+    except Exception:  # a bench of a plain Hub id must not fail on registry problems
+        return None
+    if found is None:
+        return None
+    entry = found[0]
+    keys = ("slug", "target_repo", "draft_repo", "draft_revision", "status")
+    return {k: str(getattr(entry, k, None)) for k in keys}
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30, reps: int = 10) -> float | None:
+    """Device copy bandwidth in bytes/s (read + write), median of `reps` event-timed copies; None on CPU."""
+    if device.type != "cuda":
+        return None
+    src = torch.randn(nbytes // 4, device=device)  # random data, never zeros (METHOD.md)
+    dst = torch.empty_like(src)
+    times = []
+    for i in range(reps + 2):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        if i >= 2:  # two warm-ups
+            times.append(a.elapsed_time(b) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / sorted(times)[len(times) // 2]
+
+
+def _bytes(params) -> int:
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+def weight_bytes(adapter: Any, drafter: Any) -> dict[str, int]:
+    """Streamed bytes per forward: target (minus an untied input embedding), drafter, LM head."""
+    model = adapter.model
+    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    total = _bytes(model.parameters())
+    streamed = total - (_bytes([emb]) if emb.data_ptr() != head.data_ptr() else 0)
+    return {
+        "target_total": total,
+        "target_streamed": streamed,
+        "drafter": _bytes(drafter.parameters()),
+        "lm_head": _bytes([head]),
+    }
+
+
+def add_roofline(ar: dict, spec: dict, wb: dict[str, int], bw: float | None) -> None:
+    """Add `roofline_tokens_per_second` and `roofline_fraction` to both mode records (None on CPU)."""
+    step_bytes = wb["target_streamed"] + wb["drafter"] + wb["lm_head"]
+    for rec, roof in (
+        (ar, bw / wb["target_streamed"] if bw else None),
+        (spec, bw * spec["mean_acceptance_length"] / step_bytes if bw else None),
+    ):
+        rec["roofline_tokens_per_second"] = roof
+        rec["roofline_fraction"] = rec["tokens_per_second"] / roof if roof else None
+
+
+def _git_commit() -> dict[str, Any]:
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, timeout=10
+        )
+        if sha.returncode != 0:  # not a git checkout (e.g. a copied tree)
+            return {"commit": None, "dirty": None}
+        return {"commit": sha.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def provenance(argv: list[str], device: torch.device) -> dict[str, Any]:
+    """argv, git commit, package versions, GPU: everything needed to reproduce or distrust a number."""
+    import transformers
+
+    gpu = None
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        gpu = {
+            "name": props.name,
+            "memory_bytes": props.total_memory,
+            "count": torch.cuda.device_count(),
+            "cuda": torch.version.cuda,
+        }
+    return {
+        "argv": list(argv),
+        "git": _git_commit(),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "dflash_zoo": _version("dflash-zoo"),
+            "huggingface_hub": _version("huggingface_hub"),
+        },
+        "gpu": gpu,
+        "host": platform.node(),
+        "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def default_out(name: str) -> Path:
+    """`$DFLASH_ZOO_HOME/bench/<utc time>-<name>.json` (home as `registry.zoo_home`)."""
+    from .registry import zoo_home
+
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in name)
+    return zoo_home() / "bench" / f"{stamp}-{safe}.json"

@@ -1,0 +1,240 @@
+"""`check`: is a target / drafter pair compatible? Configs only: never imports torch or transformers.
+
+`check_pair` finds both configs (`check_sources.py` documents the order: local files, HF cache, registry
+fingerprint, Hub) and returns a `CheckReport` of PASS / WARN / FAIL rows: adapter and cache strategy,
+transformers version, cache rollback, the field checks of `adapter.validate` (base `TargetAdapter` when no
+adapter exists: hidden size, taps, mask id, vocab), block size, the registry's expectations (status, pinned
+fingerprint and revision, thinking / chat template) and how the pair relates to the registry (a variant or
+fingerprint match is compatible, with a WARN that acceptance may be lower).
+
+The verdict is "incompatible" when any row is FAIL; WARN rows keep it "compatible". Failing to obtain a
+config raises a `ZooError` (exit 1); the CLI maps "incompatible" to exit 3.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .adapters import canonical_model_type, supported_model_types
+from .adapters.base import Problem, TargetAdapter
+from .check_sources import Side, resolve_draft, resolve_target
+from .config import DraftConfig
+from .registry import DraftFingerprint, Entry, Registry, TargetFingerprint, load_registry, read_lock
+
+_FIELD_ROWS = {"hidden_size": "hidden size", "taps": "taps", "num_target_layers": "taps"}
+_FIELD_ROWS.update({"mask_token_id": "mask id", "vocab_size": "vocab"})
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    check: str
+    status: str  # PASS | WARN | FAIL
+    detail: str
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """The outcome of `check_pair`; `verdict` is "compatible" or "incompatible"."""
+
+    rows: tuple[CheckRow, ...]
+    verdict: str
+    target: str
+    draft: str
+    entry: str | None
+    target_source: str
+    draft_source: str
+    target_fingerprint: TargetFingerprint
+    draft_fingerprint: DraftFingerprint
+
+    @property
+    def compatible(self) -> bool:
+        return self.verdict == "compatible"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: {verdict, compatible, rows: [{check, status, detail}], target, draft, ...}."""
+        return {**asdict(self), "compatible": self.compatible}
+
+
+def check_pair(
+    target: str,
+    draft: str | None = None,
+    config: str | Path | None = None,
+    draft_config: str | Path | None = None,
+    offline: bool | None = None,
+    registry: Registry | None = None,
+) -> CheckReport:
+    """Check `target` against `draft` (or the target's registered drafter) from configs alone.
+
+    Raises:
+        NotFoundError / OfflineError / ConfigError: a config cannot be found or read (exit 1).
+        InvalidArgumentError: `target` names a drafter (exit 2).
+    """
+    from . import hub
+
+    reg = registry or load_registry()
+    offline = hub.is_offline() if offline is None else offline
+    tcfg, tside, fp, cls = resolve_target(reg, target, config, offline)
+    dside, dcfg, notes = resolve_draft(reg, draft, draft_config, tside, fp, offline)
+    extra = [CheckRow("draft config", "WARN", n) for n in notes]
+    rows = _adapter_rows(fp.model_type, cls) + _field_rows(cls or TargetAdapter, tcfg, dcfg)
+    rows += extra + _entry_rows(dside, dcfg, cls) + _pair_rows(tside, dside, fp)
+    verdict = "incompatible" if any(r.status == "FAIL" for r in rows) else "compatible"
+    dfp = DraftFingerprint(dcfg.block_size, dcfg.target_layer_ids, dcfg.mask_token_id, dcfg.num_hidden_layers)
+    slug = dside.entry.slug if dside.entry else None
+    return CheckReport(tuple(rows), verdict, target, dside.name, slug, tside.source, dside.source, fp, dfp)
+
+
+# ---- rows ------------------------------------------------------------------------------------------
+
+
+def _adapter_rows(model_type: str, cls: type[TargetAdapter] | None) -> list[CheckRow]:
+    installed = _installed("transformers")
+    if cls is None:
+        known = ", ".join(supported_model_types())
+        return [CheckRow("adapter", "FAIL", f"no adapter for model_type {model_type!r} (supported: {known})")]
+    canon = canonical_model_type(model_type)
+    alias = f" (alias of {canon})" if canon != model_type else ""
+    rows = [
+        CheckRow("adapter", "PASS", f"{model_type}{alias} -> {cls.__name__}, cache: {cls.cache_strategy}")
+    ]
+    if installed is None:
+        rows.append(CheckRow("transformers", "FAIL", f"not installed; needs >= {cls.min_transformers}"))
+    else:
+        ok = _version(installed) >= _version(cls.min_transformers)
+        rows.append(
+            CheckRow(
+                "transformers", "PASS" if ok else "FAIL", f"{installed} (needs >= {cls.min_transformers})"
+            )
+        )
+    if cls.rollback_supported:
+        rows.append(CheckRow("cache rollback", "PASS", cls.cache_strategy))
+    else:
+        rows.append(CheckRow("cache rollback", "FAIL", f"{cls.cache_strategy} cannot be rolled back"))
+    return rows
+
+
+def _field_rows(cls: type[TargetAdapter], tcfg: dict, d: DraftConfig) -> list[CheckRow]:
+    """adapter.validate problems as rows, plus PASS rows for the standard checks it did not flag."""
+    problems: list[Problem] = cls.validate(tcfg, d)
+    rows = [CheckRow(_FIELD_ROWS.get(p.code, p.code), p.severity, p.message) for p in problems]
+    text = cls.text_config_dict(tcfg)
+    vocab = text.get("vocab_size") or tcfg.get("vocab_size")
+    rule = " (default rule)" if d.taps_from_default_rule else ""
+    passes = {
+        "hidden size": f"{d.hidden_size} (target {text.get('hidden_size')})",
+        "taps": f"{list(d.target_layer_ids)}{rule} < {text.get('num_hidden_layers')} target layers",
+        "mask id": f"{d.mask_token_id} < {vocab} embedding rows",
+        "vocab": f"{d.vocab_size} (target {vocab})",
+    }
+    out = []
+    for name, detail in passes.items():  # stable order; a flagged check shows its problems instead
+        flagged = [r for r in rows if r.check == name]
+        out += flagged or [CheckRow(name, "PASS", detail)]
+    out += [r for r in rows if r.check not in passes]  # family-specific codes
+    return out + [
+        CheckRow("block size", "PASS", f"{d.block_size} ({d.block_size - 1} draft tokens per step)")
+    ]
+
+
+def _entry_rows(side: Side, d: DraftConfig, cls: type[TargetAdapter] | None) -> list[CheckRow]:
+    """Registry expectations: status, pinned fingerprint and revision, thinking / chat template."""
+    e = side.entry
+    if e is None:
+        return [
+            CheckRow("thinking", "WARN", "unregistered drafter: match the chat template it was trained with")
+        ]
+    rows = []
+    if e.status == "preview":
+        rows.append(CheckRow("status", "WARN", f"preview: {e.reason}"))
+    elif e.status == "unsupported-here" and cls is not None:
+        rows.append(CheckRow("status", "FAIL", f"unsupported here: {e.reason}"))
+    if not side.source.startswith("registry"):
+        rows += _pin_rows(e, d)
+    kwargs = ", ".join(f"{k}={v}" for k, v in e.chat_template_kwargs.items()) or "default template"
+    clash = {
+        k: v
+        for k, v in (cls.chat_template_kwargs if cls else {}).items()
+        if e.chat_template_kwargs.get(k, v) != v
+    }
+    if clash:
+        rows.append(
+            CheckRow("thinking", "WARN", f"adapter default {clash} differs from the drafter's {kwargs}")
+        )
+    else:
+        rows.append(CheckRow("thinking", "PASS", f"{kwargs}: {e.thinking}"))
+    return rows
+
+
+def _pin_rows(e: Entry, d: DraftConfig) -> list[CheckRow]:
+    want = asdict(e.draft)
+    got = {"block_size": d.block_size, "target_layer_ids": d.target_layer_ids}
+    got.update(mask_token_id=d.mask_token_id, num_layers=d.num_hidden_layers)
+    diff = [
+        f"{k} {_plain(got[k])} vs {_plain(v)}"
+        for k, v in want.items()
+        if v is not None and _plain(v) != _plain(got[k])
+    ]
+    locked = read_lock().get(e.slug, {}).get("commit")
+    rows = []
+    if diff:
+        detail = (
+            f"config differs from registry {e.slug}: {'; '.join(diff)} (repo re-uploaded? pin a revision)"
+        )
+        rows.append(CheckRow("registry fingerprint", "WARN", detail))
+    if locked or re.fullmatch(r"[0-9a-f]{40}", e.draft_revision):
+        rows.append(CheckRow("revision", "PASS", f"pinned {locked or e.draft_revision}"))
+    else:
+        rows.append(
+            CheckRow("revision", "WARN", f"tracks {e.draft_revision}; `dflash-zoo pull {e.slug}` pins it")
+        )
+    return rows
+
+
+def _plain(v: Any) -> Any:
+    """Tuples print as lists, matching the registry file and `info`."""
+    return list(v) if isinstance(v, (list, tuple)) else v
+
+
+def _pair_rows(t: Side, d: Side, fp: TargetFingerprint) -> list[CheckRow]:
+    e = d.entry
+    if e is None:
+        return [
+            CheckRow("pair", "WARN", f"drafter {d.name} is not in the registry: only config checks apply")
+        ]
+    if t.entry == e and t.how in ("slug", "alias", "target"):
+        return [CheckRow("pair", "PASS", f"registered pair {e.slug}")]
+    same = (canonical_model_type(fp.model_type), fp.hidden_size, fp.num_hidden_layers, fp.vocab_size) == (
+        canonical_model_type(e.target.model_type), e.target.hidden_size, e.target.num_hidden_layers,
+        e.target.vocab_size,
+    )  # fmt: skip
+    if not same:
+        return [CheckRow("pair", "WARN", f"drafter {e.slug} was trained for {e.target_repo}, not {t.name}")]
+    how = "a registered variant" if t.how == "variant" else "the same architecture (fingerprint)"
+    return [
+        CheckRow("pair", "PASS", f"compatible: {t.name} is {how} of {e.target_repo}"),
+        CheckRow(
+            "acceptance", "WARN", f"drafter trained on {e.target_repo}; acceptance may be lower on {t.name}"
+        ),
+    ]
+
+
+def _installed(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """Leading numeric release parts: "5.24.0.dev0" -> (5, 24, 0)."""
+    parts = []
+    for piece in text.split("."):
+        digits = re.match(r"\d+", piece)
+        if not digits:
+            break
+        parts.append(int(digits.group()))
+    return tuple(parts)

@@ -1,0 +1,226 @@
+"""Where `check` gets its configs from: local files, the HF cache, the registry, then the Hub (torch-free).
+
+Target, first found: `config=` file; `target` is a local dir (or a .json file); the repo's `config.json` in
+the HF cache; the registry's target fingerprint (target resolved by slug, alias, repo id or variant; no
+download); the Hub (`config.json` only, never when offline).
+Draft, first found: `draft_config=` file; `draft` is a local dir; the draft repo's `config.json` in the HF
+cache (locked commit from lock.json, else the entry's revision); the Hub at that revision (unless offline);
+the registry's draft fingerprint, with a note saying the config itself was not seen.
+Without `draft`, the drafter is the target's registry entry (by name, else by config fingerprint).
+Failures raise `ZooError` subclasses with a next step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .adapters import find_adapter
+from .adapters.base import TargetAdapter
+from .config import FULL, DraftConfig, RopeSpec, normalize_draft_config
+from .errors import ConfigError, InvalidArgumentError, NotFoundError, OfflineError, ZooError
+from .registry import Entry, Registry, TargetFingerprint, read_lock
+
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of the pair: the name given, where its config came from, its registry entry and how found."""
+
+    name: str
+    source: str
+    entry: Entry | None
+    how: str | None  # slug | alias | target | draft | variant | fingerprint | None
+
+
+def resolve_target(
+    reg: Registry, name: str, config: str | Path | None, offline: bool
+) -> tuple[dict, Side, TargetFingerprint, type[TargetAdapter] | None]:
+    """The target's config dict, side, fingerprint and adapter class (None when no adapter exists).
+
+    Raises:
+        InvalidArgumentError: `name` is a registered drafter.
+    """
+    named = _lookup(reg, name, config)
+    if named and named[1] == "draft":
+        raise InvalidArgumentError(f"{name} is a drafter; pass it as --draft and its target as --target")
+    cfg, source = _target_config(name, config, named[0] if named else None, offline, reg)
+    cls = find_adapter(str(cfg.get("model_type", "")))
+    fp = fingerprint(cfg, cls or TargetAdapter)
+    return cfg, Side(name, source, *(named or _by_fingerprint(reg, fp))), fp, cls
+
+
+def _lookup(reg: Registry, name: str, config: Any) -> tuple[Entry, str] | None:
+    if config is None and Path(name).expanduser().exists():
+        return None  # a local path is never a registry name
+    return reg.lookup(name)
+
+
+def _target_config(
+    name: str, config: Any, entry: Entry | None, offline: bool, reg: Registry
+) -> tuple[dict, str]:
+    if config is not None:
+        return _read_json(Path(config)), f"config file {config}"
+    local = _local_config(name)
+    if local is not None:
+        return _read_json(local), f"local {local}"
+    if REPO_ID.match(name):
+        cached = _cached_config(name, None)
+        if cached is not None:
+            return _read_json(cached), f"hf cache {name}"
+    if entry is not None:
+        t = entry.target
+        return asdict(t), f"registry {entry.slug} (target fingerprint)"
+    if not REPO_ID.match(name):
+        reg.resolve(name)  # raises NotFoundError with the nearest registry names
+    if offline:
+        raise OfflineError(
+            f"no config for {name}: not a local dir, not in the HF cache, not in the registry, and offline",
+            hint="pass --config FILE, or run without --offline / HF_HUB_OFFLINE",
+        )
+    return _read_json(_hub_config(name, None)), f"hub {name}"
+
+
+def resolve_draft(
+    reg: Registry, draft: str | None, draft_config: str | Path | None, tside: Side, fp, offline: bool
+) -> tuple[Side, DraftConfig, list[str]]:
+    """The drafter's side, its normalised config and notes on a degraded source (for WARN rows)."""
+    local = _local_config(draft) if draft else None
+    named = None if draft is None or local is not None else reg.lookup(draft)
+    entry = named[0] if named else (tside.entry if draft is None else None)
+    if draft is None and entry is None and draft_config is None:
+        raise NotFoundError(
+            f"no registered drafter fits {tside.name} ({fp.model_type}, hidden {fp.hidden_size}, "
+            f"{fp.num_hidden_layers} layers, vocab {fp.vocab_size})",
+            hint="pass --draft REPO_OR_DIR; `dflash-zoo list` shows the registered pairs",
+        )
+    if draft is not None and named is None and local is None and not REPO_ID.match(draft):
+        reg.resolve(draft)  # raises NotFoundError with suggestions
+    repo = entry.draft_repo if entry and local is None else (draft or "")
+    name = draft if local is not None else (repo or str(draft_config))
+    side = Side(name, "", entry, named[1] if named else None)
+    L = fp.num_hidden_layers
+    if draft_config is not None:
+        return _with(side, f"config file {draft_config}"), _draft(Path(draft_config), L), []
+    if local is not None:
+        return _with(side, f"local {local}"), _draft(local, L), []
+    return _remote_draft(side, repo, offline, L)
+
+
+def _remote_draft(side: Side, repo: str, offline: bool, L: int) -> tuple[Side, DraftConfig, list[str]]:
+    entry, notes = side.entry, []
+    locked = read_lock().get(entry.slug, {}).get("commit") if entry else None
+    revision = entry.draft_revision if entry else "main"
+    for rev in dict.fromkeys(r for r in (locked, revision) if r):
+        cached = _cached_config(repo, rev)
+        if cached is not None:
+            return _with(side, f"hf cache {repo}@{rev}"), _draft(cached, L), notes
+    why = "not cached, offline"
+    if not offline:
+        try:
+            return _with(side, f"hub {repo}@{revision}"), _draft(_hub_config(repo, revision), L), notes
+        except ZooError as exc:
+            if entry is None:
+                raise
+            why = f"hub: {exc}"
+    synth = _fingerprint_draft(entry) if entry else None
+    if synth is None:
+        gated = " (gated repo: needs a token)" if entry and entry.gated else ""
+        known = "the registry lacks its fingerprint" if entry else "it is not in the registry"
+        raise OfflineError(
+            f"no config for drafter {repo}{gated}: {why}, and {known}",
+            hint=f"`dflash-zoo pull {entry.slug if entry else repo}` while online, or pass --draft-config FILE",
+        )
+    gated = "; gated, cannot verify offline" if entry.gated else ""
+    notes.append(f"{why}; checked against the registry fingerprint{gated}")
+    return _with(side, f"registry {entry.slug} (draft fingerprint)"), synth, notes
+
+
+def _with(side: Side, source: str) -> Side:
+    return Side(side.name, source, side.entry, side.how)
+
+
+def _local_config(name: str | None) -> Path | None:
+    path = Path(name).expanduser() if name else None
+    if path is None or not path.exists():
+        return None
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ConfigError(f"{path} is a directory without config.json")
+    return path / "config.json" if path.is_dir() else path
+
+
+def _cached_config(repo: str, revision: str | None) -> Path | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    from . import hub
+
+    try:
+        found = try_to_load_from_cache(repo, "config.json", cache_dir=hub.hub_cache_dir(), revision=revision)
+    except ValueError:  # HFValidationError: not a valid repo id
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def _hub_config(repo: str, revision: str | None) -> Path:
+    """Download only `config.json` into the HF cache; hub errors become ZooErrors with a next step."""
+    from huggingface_hub import hf_hub_download
+
+    from . import hub
+
+    with hub.hub_errors(repo, revision, offline=False):
+        path = hf_hub_download(
+            repo, "config.json", revision=revision, cache_dir=hub.hub_cache_dir(), endpoint=hub.hub_endpoint()
+        )
+    return Path(path)
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise NotFoundError(f"no config file at {path}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} is not a JSON object")
+    return data
+
+
+def _draft(path: Path, num_target_layers: int) -> DraftConfig:
+    return normalize_draft_config(_read_json(path), num_target_layers=num_target_layers)
+
+
+def fingerprint(cfg: dict, cls: type[TargetAdapter]) -> TargetFingerprint:
+    """model_type from the top level; shapes from the (text) decoder config."""
+    text = cls.text_config_dict(cfg)
+    values = {k: text.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")}
+    values["vocab_size"] = values["vocab_size"] or cfg.get("vocab_size")
+    missing = [k for k, v in values.items() if not isinstance(v, int) or isinstance(v, bool)]
+    missing += [] if isinstance(cfg.get("model_type"), str) else ["model_type"]
+    if missing:
+        raise ConfigError(f"target config lacks {', '.join(missing)}")
+    return TargetFingerprint(str(cfg["model_type"]), **values)
+
+
+def _by_fingerprint(reg: Registry, fp: TargetFingerprint) -> tuple[Entry | None, str | None]:
+    found = reg.by_fingerprint(fp.model_type, fp.hidden_size, fp.num_hidden_layers, fp.vocab_size)
+    return (found[0], "fingerprint") if found else (None, None)
+
+
+def _fingerprint_draft(entry: Entry) -> DraftConfig | None:
+    """A DraftConfig from registry facts; only the fingerprint fields are meaningful. None if incomplete."""
+    d, t = entry.draft, entry.target
+    if d.block_size is None or d.target_layer_ids is None or d.num_layers is None:
+        return None
+    n = d.num_layers
+    return DraftConfig(
+        hidden_size=t.hidden_size, num_hidden_layers=n, num_attention_heads=0, num_key_value_heads=0,
+        head_dim=0, intermediate_size=0, vocab_size=t.vocab_size, block_size=d.block_size,
+        target_layer_ids=d.target_layer_ids, num_target_layers=t.num_hidden_layers,
+        mask_token_id=d.mask_token_id, layer_types=(FULL,) * n, sliding_window=None,
+        causal=(False,) * n, rope=RopeSpec(),
+    )  # fmt: skip

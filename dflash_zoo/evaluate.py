@@ -1,0 +1,132 @@
+"""Acceptance statistics of a target + drafter pair over a prompt set, through the real engine.
+
+Each prompt runs through `Pipeline.generate` (speculative) and, unless disabled, `Pipeline.generate_autoregressive`
+(the baseline for tokens/s and speedup). Prompts come from `data.prompt_ids`: text lines use a prefix of
+`min(prompt_tokens, len // 2)` tokens; prompt/messages lines go through the chat template unless raw.
+
+Reported: mean acceptance length (tau, bonus token included), the accepted-length histogram, per-position
+acceptance (the fraction of steps whose draft slot i was accepted, over steps that proposed slot i), decode
+tokens/s of both modes, the speedup, and for greedy decoding how many outputs equal the autoregressive ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .results import GenerationResult
+
+log = logging.getLogger("dflash_zoo")
+
+
+@dataclass
+class EvalResult:
+    """Aggregate over all prompts; `to_dict` is the `eval --json` schema."""
+
+    prompts: int
+    block_size: int
+    temperature: float
+    generated_tokens: int
+    steps: int
+    mean_acceptance_length: float
+    histogram: dict[int, int]
+    per_position_acceptance: list[float]
+    spec_tokens_per_second: float
+    ar_tokens_per_second: float | None = None
+    speedup: float | None = None
+    outputs_match_autoregressive: int | None = None
+    per_prompt_acceptance: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["histogram"] = {str(k): v for k, v in self.histogram.items()}
+        return out
+
+
+def per_position_acceptance(results: list[GenerationResult], block_size: int) -> list[float]:
+    """[B-1]: for slot i (1-based), accepted steps / steps that proposed at least i drafts."""
+    hits, seen = [0] * (block_size - 1), [0] * (block_size - 1)
+    for res in results:
+        for st in res.steps:
+            for i in range(len(st.proposed)):
+                seen[i] += 1
+                hits[i] += st.accepted > i
+    return [h / s if s else 0.0 for h, s in zip(hits, seen, strict=True)]
+
+
+def _rate(results: list[GenerationResult]) -> float:
+    """Decode tokens/s over all prompts (prefill excluded, as in `GenerationResult.tokens_per_second`)."""
+    tokens = sum(max(len(r.output_ids) - 1, 0) for r in results)
+    seconds = sum(r.decode_seconds for r in results)
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def evaluate(
+    pipe: Any,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    block_size: int | None = None,
+    baseline: bool = True,
+    seed: int = 0,
+    on_prompt: Callable[[int, int], None] | None = None,
+) -> EvalResult:
+    """Run every prompt (token ids) speculatively and, with `baseline`, autoregressively.
+
+    A short warm-up generation runs first so one-time costs do not land on the first prompt.
+    """
+    kw = {
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "block_size": block_size,
+        "seed": seed,
+    }
+    pipe.generate(prompts[0], **{**kw, "max_new_tokens": min(8, max_new_tokens)})
+    spec, ar = [], []
+    for n, ids in enumerate(prompts, start=1):
+        spec.append(pipe.generate(ids, **kw))
+        if baseline:
+            ar.append(pipe.generate_autoregressive(ids, **{k: v for k, v in kw.items() if k != "block_size"}))
+        if on_prompt is not None:
+            on_prompt(n, len(prompts))
+    block = spec[0].block_size
+    lengths = [a for r in spec for a in r.acceptance_lengths]
+    res = EvalResult(
+        prompts=len(prompts),
+        block_size=block,
+        temperature=temperature,
+        generated_tokens=sum(len(r.output_ids) for r in spec),
+        steps=len(lengths),
+        mean_acceptance_length=sum(lengths) / len(lengths) if lengths else 0.0,
+        histogram=dict(sorted(Counter(lengths).items())),
+        per_position_acceptance=per_position_acceptance(spec, block),
+        spec_tokens_per_second=_rate(spec),
+        per_prompt_acceptance=[r.mean_acceptance_length for r in spec],
+    )
+    if baseline:
+        res.ar_tokens_per_second = _rate(ar)
+        res.speedup = (
+            res.spec_tokens_per_second / res.ar_tokens_per_second if res.ar_tokens_per_second else None
+        )
+        if temperature == 0:
+            res.outputs_match_autoregressive = sum(
+                s.output_ids == a.output_ids for s, a in zip(spec, ar, strict=True)
+            )
+    return res
+
+
+def load_prompts(
+    path: str, tokenizer: Any, raw: bool, chat_kwargs: dict, prompt_tokens: int, limit: int | None
+) -> list[list[int]]:
+    """Prompt token ids for every record of a JSONL file (see `data.prompt_ids`)."""
+    from .data import prompt_ids, read_jsonl
+
+    if tokenizer is None:
+        from .data import DataError
+
+        raise DataError("the target has no tokenizer; eval needs one to read text prompts")
+    return [prompt_ids(r, tokenizer, raw, chat_kwargs, prompt_tokens) for r in read_jsonl(path, limit)]

@@ -1,0 +1,201 @@
+"""Fast decode path: static KV buffers, fixed-shape steps, one CUDA graph per step (decode.py stays the reference).
+
+What differs from the eager loop (`decode.SpeculativeDecoder`), and why:
+- the target runs through an own forward over its HF modules (norms, projections, MLP, rotary embedding)
+  with pre-allocated K/V buffers, so a step has fixed shapes; rollback is only a position counter: rejected
+  rows stay in the buffer, hidden by the mask, and the next verify overwrites them;
+- the drafter keeps its context K/V in a static buffer too; the block's own K/V are written just past the
+  context (scratch that the next context append overwrites), so nothing is concatenated per step;
+- one step = draft a block + verify it + accept + append the verified rows' features to the drafter context,
+  all on device with tensor positions, captured as one CUDA graph; the host reads back `na` and the tokens
+  once per step (the only sync); taps are written straight into one [1, B, K*H] buffer;
+- the drafter always sees the full B verified rows; only the first na + 1 get valid positions below the new
+  context length, the rest are masked and overwritten (no variable shapes).
+Scope: greedy decoding, batch 1, dense full-attention targets (static.FAMILIES). Everything else uses decode.py.
+On CPU the same static path runs without graphs; tests compare it token for token with decode.py (fp32).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from .decode import AcceptOverride, _truncate
+from .results import GREEDY_RULE, GenerationConfig, GenerationResult, StepRecord
+from .static import StaticDrafter, StaticTarget, unsupported_reason
+
+log = logging.getLogger("dflash_zoo")
+
+
+class FastEngine:
+    """Static buffers + captured steps for one (target, drafter) pair; reusable across prompts.
+
+    Args:
+        max_len: longest prompt + new tokens this engine will see (a block of slack is added).
+        graphs: capture CUDA graphs (default: on for CUDA). False runs the same static steps eagerly.
+        block_size: verify block (default and maximum: the drafter's trained block size).
+    """
+
+    def __init__(
+        self,
+        adapter,
+        drafter,
+        mask_token_id: int,
+        max_len: int,
+        graphs: bool | None = None,
+        block_size: int | None = None,
+    ):
+        reason = unsupported_reason(adapter)
+        if reason:
+            raise ValueError(reason)
+        self.adapter, self.drafter, self.mask_id = adapter, drafter, mask_token_id
+        self.block = GenerationConfig(block_size=block_size).validated(drafter.cfg.block_size).block_size
+        self.device = adapter.layers()[0].self_attn.k_proj.weight.device
+        self.graphs = self.device.type == "cuda" if graphs is None else graphs
+        size = -(-(max_len + 2 * self.block) // 64) * 64  # multiple of 64: aligned rows for the masked kernel
+        self.max_len, self.size = max_len, size
+        self.target = StaticTarget(adapter, size, drafter.cfg.target_layer_ids)
+        self.sdraft = StaticDrafter(drafter, size)
+        dev, b = self.device, self.block
+        self.pos = torch.zeros((), dtype=torch.long, device=dev)  # committed tokens in the target cache
+        self.bonus = torch.zeros(1, dtype=torch.long, device=dev)  # last committed token, not yet verified
+        self.force = torch.full((), -1, dtype=torch.long, device=dev)  # what-if: forced accepted count
+        self.blk = torch.full((1, b), mask_token_id, dtype=torch.long, device=dev)
+        width = len(drafter.cfg.target_layer_ids) * adapter.text_config.hidden_size
+        self.vtaps = torch.zeros(1, b, width, device=dev, dtype=self.target.k[0].dtype)
+        self.out = torch.zeros(b + 1, dtype=torch.long, device=dev)  # [na, drafts (b-1), next]
+        self._graph: dict[str, Any] = {}
+        self.capture_seconds = 0.0
+
+    # ---- the fixed-shape steps ---------------------------------------------------------------
+    def _spec_step(self) -> None:
+        b, emb_of = self.block, self.adapter.embed
+        self.blk[:, :1].copy_(self.bonus[None])
+        h = self.sdraft.draft(emb_of(self.blk), self.pos)  # [1, B, H]
+        drafts = self.adapter.logits(h[0, 1:].to(self.vtaps.dtype)).argmax(-1)  # [B-1]
+        verify = torch.cat([self.bonus, drafts])[None]  # [1, B]
+        target = self.target.forward(emb_of(verify), self.pos, self.vtaps)[0].argmax(-1)  # [B]
+        # greedy match: accepted = longest prefix where draft i equals the target's argmax at slot i
+        na = torch.cumprod((drafts == target[:-1]).long(), 0).sum()
+        na = torch.where(self.force >= 0, self.force.clamp(max=b - 1), na)
+        nxt = target.index_select(0, na.view(1))  # [1]
+        self.sdraft.append(self.vtaps, self.pos)  # rows past na + 1 are masked, then overwritten
+        self.out[0].copy_(na)
+        self.out[1:b].copy_(drafts)
+        self.out[b:].copy_(nxt)
+        self.pos.add_(na + 1)
+        self.bonus.copy_(nxt)
+
+    def _ar_step(self) -> None:
+        logits = self.target.forward(self.adapter.embed(self.bonus[None]), self.pos)  # [1, 1, V]
+        self.bonus.copy_(logits[0].argmax(-1))
+        self.out[:1].copy_(self.bonus)
+        self.pos.add_(1)
+
+    def _run_step(self, name: str) -> None:
+        fn = self._spec_step if name == "spec" else self._ar_step
+        if not self.graphs:
+            fn()
+        else:
+            if name not in self._graph:
+                self._graph[name] = self._capture(fn)
+            self._graph[name].replay()
+
+    def _capture(self, fn) -> Any:
+        """Warm up on a side stream (state restored after each call), then capture one step."""
+        t0 = time.perf_counter()
+        saved = (self.pos.clone(), self.bonus.clone())
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn()
+                self.pos.copy_(saved[0]), self.bonus.copy_(saved[1])
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        self.pos.copy_(saved[0]), self.bonus.copy_(saved[1])
+        torch.cuda.synchronize()
+        self.capture_seconds += time.perf_counter() - t0
+        return graph
+
+    # ---- whole generations -------------------------------------------------------------------
+    def _prefill(self, prompt_ids: list[int], taps: bool) -> int:
+        if len(prompt_ids) + self.block > self.size or not prompt_ids:
+            raise ValueError(
+                f"prompt of {len(prompt_ids)} tokens does not fit this engine (max_len {self.max_len})"
+            )
+        ids = torch.tensor([prompt_ids], device=self.device)
+        feats = None
+        if taps:
+            feats = torch.empty(
+                1, len(prompt_ids), self.vtaps.shape[-1], device=self.device, dtype=self.vtaps.dtype
+            )
+        self.pos.zero_()
+        logits = self.target.forward(self.adapter.embed(ids), self.pos, feats, prefill=True, last_only=True)
+        self.bonus.copy_(logits[0, -1:].argmax(-1))
+        if taps:
+            self.sdraft.append(feats, self.pos)
+        self.pos.fill_(len(prompt_ids))
+        return int(self.bonus)  # sync: the first token is out
+
+    def speculative(
+        self, prompt_ids: list[int], cfg: GenerationConfig, accept_override: AcceptOverride | None = None
+    ):
+        """Greedy DFlash decoding; same tokens and result type as `decode.SpeculativeDecoder`."""
+        cfg = cfg.validated(self.block)
+        if not cfg.greedy or cfg.block_size != self.block:
+            raise ValueError("the fast path runs greedy decoding at the drafter's own block size")
+        res = GenerationResult([], "", len(prompt_ids), acceptance_rule=GREEDY_RULE, block_size=self.block)
+        stops, host = (
+            set(cfg.stop_token_ids),
+            torch.zeros(self.block + 1, dtype=torch.long, pin_memory=self._pin()),
+        )
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            first = self._prefill(prompt_ids, taps=True)
+            res.prefill_seconds = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            res.output_ids, reason = _truncate([first], stops, cfg.max_new_tokens)
+            while reason is None:
+                room = cfg.max_new_tokens - len(res.output_ids)
+                self.force.fill_(
+                    -1 if accept_override is None else accept_override(len(res.steps), self.block - 1)
+                )
+                self._run_step("spec")
+                host.copy_(self.out, non_blocking=True)
+                if self.device.type == "cuda":
+                    torch.cuda.current_stream().synchronize()  # the one host sync per step
+                na, row = int(host[0]), host.tolist()
+                committed, reason = _truncate(row[1 : 1 + na] + [row[-1]], stops, room)
+                res.steps.append(StepRecord(row[1 : self.block], na, len(committed)))
+                res.output_ids += committed
+            res.decode_seconds = time.perf_counter() - t1
+        res.stop_reason = reason
+        return res
+
+    def autoregressive(self, prompt_ids: list[int], cfg: GenerationConfig) -> GenerationResult:
+        """Plain greedy decoding through the same static target (the fast baseline)."""
+        res = GenerationResult([], "", len(prompt_ids), acceptance_rule="autoregressive")
+        stops = set(cfg.stop_token_ids)
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            tok = self._prefill(prompt_ids, taps=False)
+            res.prefill_seconds = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            while True:
+                res.output_ids.append(tok)
+                if tok in stops or len(res.output_ids) >= cfg.max_new_tokens:
+                    res.stop_reason = "stop_token" if tok in stops else "max_new_tokens"
+                    break
+                self._run_step("ar")
+                tok = int(self.out[0])  # the one host sync per token
+            res.decode_seconds = time.perf_counter() - t1
+        return res
+
+    def _pin(self) -> bool:
+        return self.device.type == "cuda"

@@ -1,0 +1,291 @@
+"""The pair registry (`registry.yaml`) and the zoo's lock file; torch-free.
+
+Contract:
+- `load_registry()` reads the built-in `registry.yaml` (shipped as `dflash_zoo/registry.yaml`, a symlink to
+  the top-level file) plus `$DFLASH_ZOO_REGISTRY` when set. Every entry is validated by `registry_schema`;
+  a malformed one raises `ConfigError` naming the entry and the field. A slug or alias used twice is an
+  error naming both entries.
+- Status downgrade: the YAML states the author's intended status. An entry whose adapter is not registered
+  in this install (`dflash_zoo.adapters.find_adapter(entry.adapter)` is None) is loaded as
+  "unsupported-here" with reason "no adapter for model_type X in this install", so the status stays true
+  as adapters land or fail to import.
+- `Registry.resolve(name)` tries slug, alias, target repo, draft repo, then variant repo, each an exact
+  case-insensitive match; never a substring or prefix. `by_fingerprint` matches target config shapes.
+- `read_lock` / `write_lock` keep `$DFLASH_ZOO_HOME/lock.json` ({slug: {draft_repo, requested_revision,
+  commit, pulled_at}}); writes are atomic.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, NotFoundError
+from .registry_schema import STATUSES, parse_document  # noqa: F401  (STATUSES re-exported)
+
+log = logging.getLogger("dflash_zoo")
+
+
+@dataclass(frozen=True)
+class TargetFingerprint:
+    """Shape of the target's text model: what a drafter must match."""
+
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class DraftFingerprint:
+    """Drafter facts from its pinned config; None (or None taps) where families.md has "?"."""
+
+    block_size: int | None
+    target_layer_ids: tuple[int, ...] | None
+    mask_token_id: int | None
+    num_layers: int | None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One published drafter and the target it was trained for."""
+
+    slug: str
+    aliases: tuple[str, ...]
+    target_repo: str
+    draft_repo: str
+    draft_revision: str
+    adapter: str
+    target: TargetFingerprint
+    draft: DraftFingerprint
+    variants: tuple[str, ...]
+    chat_template_kwargs: dict
+    thinking: str
+    gated: bool
+    license: str
+    status: str
+    reason: str | None
+    draft_size_bytes: int | None
+    notes: str
+
+    def names(self) -> tuple[str, ...]:
+        """Every name `resolve` and `list PATTERN` know this entry by."""
+        return (self.slug, *self.aliases, self.target_repo, self.draft_repo, *self.variants)
+
+
+_RESOLVE_ORDER = ("slug", "alias", "target", "draft", "variant")
+
+
+class Registry:
+    """An ordered, validated set of entries (built-in first, then the extra file)."""
+
+    def __init__(self, entries: tuple[Entry, ...]):
+        self.entries = tuple(entries)
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def resolve(self, name: str) -> Entry:
+        """The entry called `name` (see `lookup`); raises NotFoundError with the nearest names as a hint."""
+        found = self.lookup(name)
+        if found is None:
+            near = self.suggest(name)
+            hint = (
+                f"did you mean: {', '.join(near)}?" if near else "run `dflash-zoo list` to see the registry"
+            )
+            raise NotFoundError(f"no registry entry named {name!r}", hint=hint)
+        return found[0]
+
+    def lookup(self, name: str) -> tuple[Entry, str] | None:
+        """(entry, how) or None; `how` is one of slug, alias, target, draft, variant (tried in that order)."""
+        key = name.strip().lower()
+        for how in _RESOLVE_ORDER:
+            for entry in self.entries:
+                if key in (n.lower() for n in _names_of(entry, how)):
+                    return entry, how
+        return None
+
+    def suggest(self, name: str, n: int = 3) -> list[str]:
+        """Slugs of the entries whose names are closest to `name` (difflib)."""
+        by_name = {nm.lower(): e.slug for e in self.entries for nm in e.names()}
+        close = difflib.get_close_matches(name.strip().lower(), list(by_name), n=n * 3, cutoff=0.5)
+        return list(dict.fromkeys(by_name[c] for c in close))[:n]
+
+    def by_fingerprint(
+        self, model_type: str, hidden_size: int, num_hidden_layers: int, vocab_size: int
+    ) -> list[Entry]:
+        """Entries whose target has this shape; model types are compared through adapter aliases."""
+        from dflash_zoo.adapters import canonical_model_type
+
+        want = (canonical_model_type(model_type), hidden_size, num_hidden_layers, vocab_size)
+        return [e for e in self.entries if _fingerprint_key(e.target) == want]
+
+    def match(self, pattern: str | None) -> list[Entry]:
+        """Entries with any name matching the glob `pattern` (case-insensitive); all when None."""
+        if not pattern:
+            return list(self.entries)
+        pat = pattern.lower()
+        return [e for e in self.entries if any(fnmatch.fnmatchcase(n.lower(), pat) for n in e.names())]
+
+
+def _names_of(entry: Entry, how: str) -> tuple[str, ...]:
+    return {
+        "slug": (entry.slug,),
+        "alias": entry.aliases,
+        "target": (entry.target_repo,),
+        "draft": (entry.draft_repo,),
+        "variant": entry.variants,
+    }[how]
+
+
+def _fingerprint_key(fp: TargetFingerprint) -> tuple:
+    from dflash_zoo.adapters import canonical_model_type
+
+    return canonical_model_type(fp.model_type), fp.hidden_size, fp.num_hidden_layers, fp.vocab_size
+
+
+# ---- loading ---------------------------------------------------------------------------------------
+
+
+def load_registry(extra: str | Path | None = None) -> Registry:
+    """Built-in entries plus those of `extra` (default: `$DFLASH_ZOO_REGISTRY`), validated.
+
+    Raises:
+        ConfigError: a malformed file or entry (message names the entry and field), a duplicate slug or
+            alias (names both entries), or an extra file that does not exist.
+    """
+    builtin = files("dflash_zoo") / "registry.yaml"
+    entries = _load_file(builtin.read_text(encoding="utf-8"), "built-in registry.yaml")
+    extra = extra if extra is not None else (os.environ.get("DFLASH_ZOO_REGISTRY") or None)
+    if extra is not None:
+        path = Path(extra).expanduser()
+        if not path.is_file():
+            raise ConfigError(
+                f"extra registry {path} does not exist", hint="fix or unset DFLASH_ZOO_REGISTRY"
+            )
+        entries += _load_file(path.read_text(encoding="utf-8"), str(path))
+    _check_unique(entries)
+    return Registry(tuple(_apply_adapter_rule(e) for e, _ in entries))
+
+
+def _load_file(text: str, source: str) -> list[tuple[Entry, str]]:
+    """Parse and validate one YAML document into (entry, source) pairs."""
+    return [(_to_entry(raw), source) for raw in parse_document(text, source)]
+
+
+def _to_entry(raw: dict[str, Any]) -> Entry:
+    t, d = raw["target"], raw["draft"]
+    taps = d.get("target_layer_ids")
+    return Entry(
+        slug=raw["slug"],
+        aliases=tuple(raw.get("aliases") or ()),
+        target_repo=t["repo"],
+        draft_repo=d["repo"],
+        draft_revision=d["revision"],
+        adapter=raw["adapter"],
+        target=TargetFingerprint(t["model_type"], t["hidden_size"], t["num_hidden_layers"], t["vocab_size"]),
+        draft=DraftFingerprint(
+            d["block_size"], None if taps is None else tuple(taps), d["mask_token_id"], d["num_layers"]
+        ),
+        variants=tuple(raw.get("variants") or ()),
+        chat_template_kwargs=dict(raw.get("chat_template_kwargs") or {}),
+        thinking=raw.get("thinking", ""),
+        gated=raw.get("gated", False),
+        license=raw["license"],
+        status=raw["status"],
+        reason=raw.get("reason"),
+        draft_size_bytes=d.get("size_bytes"),
+        notes=raw.get("notes", ""),
+    )
+
+
+def _check_unique(entries: list[tuple[Entry, str]]) -> None:
+    """No two entries may share a slug or alias (case-insensitive)."""
+    seen: dict[str, tuple[str, str]] = {}
+    for entry, source in entries:
+        for name in dict.fromkeys(n.lower() for n in (entry.slug, *entry.aliases)):
+            if name in seen:
+                other, other_src = seen[name]
+                raise ConfigError(
+                    f"registry name {name!r} is used by entry {other!r} ({other_src}) "
+                    f"and by entry {entry.slug!r} ({source})",
+                    hint="rename the slug or alias in the extra registry (DFLASH_ZOO_REGISTRY)",
+                )
+            seen[name] = (entry.slug, source)
+
+
+def _apply_adapter_rule(entry: Entry) -> Entry:
+    """Downgrade an entry whose adapter is not installed to "unsupported-here"."""
+    from dflash_zoo.adapters import find_adapter
+
+    if find_adapter(entry.adapter) is not None or entry.status == "unsupported-here":
+        return entry
+    reason = f"no adapter for model_type {entry.adapter} in this install"
+    log.debug("registry entry %s: %s", entry.slug, reason)
+    return replace(entry, status="unsupported-here", reason=reason)
+
+
+# ---- zoo state -------------------------------------------------------------------------------------
+
+
+def zoo_home() -> Path:
+    """`$DFLASH_ZOO_HOME`, else `$XDG_CACHE_HOME/dflash-zoo`, else `~/.cache/dflash-zoo` (not created)."""
+    env = os.environ.get("DFLASH_ZOO_HOME")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg).expanduser() / "dflash-zoo"
+
+
+def lock_path() -> Path:
+    return zoo_home() / "lock.json"
+
+
+def read_lock() -> dict:
+    """The lock file as {slug: {...}}; {} when it does not exist. Raises ConfigError when unreadable."""
+    path = lock_path()
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(
+            f"lock file {path} is unreadable: {exc}", hint=f"delete {path} and pull again"
+        ) from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"lock file {path} is not a JSON object", hint=f"delete {path} and pull again")
+    return data
+
+
+def write_lock(slug: str, draft_repo: str, requested_revision: str, commit: str) -> None:
+    """Record (or replace) the pinned commit of `slug`; written to a temp file, then `os.replace`d."""
+    data = read_lock()
+    data[slug] = {
+        "draft_repo": draft_repo,
+        "requested_revision": requested_revision,
+        "commit": commit,
+        "pulled_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    path = lock_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".lock.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,136 @@
+"""Schema of `registry.yaml` entries: field kinds, required/nullable rules and value checks (torch-free).
+
+`parse_document(text, source)` safe-loads one YAML document and returns its raw entry dicts, or raises
+`ConfigError` naming the source, the entry (slug, else `#index`) and the field: unknown, missing, wrongly
+typed, a bad status, a missing reason, or a fingerprint that contradicts itself (tap >= target layers,
+mask id outside the vocabulary, block size < 2). Draft facts are required keys whose value may be null,
+which means "unknown" (families.md "?"); they are never guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+STATUSES = ("supported", "preview", "unsupported-here")
+_SLUG = re.compile(r"^[a-z0-9][a-z0-9._:-]*$")
+# field -> (kind, required, nullable). Draft facts are required but nullable: null means "unknown".
+_SCHEMA: dict[str, dict[str, tuple[str, bool, bool]]] = {
+    "entry": {
+        "slug": ("str", True, False),
+        "aliases": ("[str]", False, False),
+        "adapter": ("str", True, False),
+        "target": ("target", True, False),
+        "draft": ("draft", True, False),
+        "variants": ("[str]", False, False),
+        "chat_template_kwargs": ("dict", False, False),
+        "thinking": ("str", False, False),
+        "gated": ("bool", False, False),
+        "license": ("str", True, False),
+        "status": ("str", True, False),
+        "reason": ("str", False, True),
+        "notes": ("str", False, False),
+    },
+    "target": {
+        "repo": ("str", True, False),
+        "model_type": ("str", True, False),
+        "hidden_size": ("int", True, False),
+        "num_hidden_layers": ("int", True, False),
+        "vocab_size": ("int", True, False),
+    },
+    "draft": {
+        "repo": ("str", True, False),
+        "revision": ("str", True, False),
+        "block_size": ("int", True, True),
+        "target_layer_ids": ("[int]", True, True),
+        "mask_token_id": ("int", True, True),
+        "num_layers": ("int", True, True),
+        "size_bytes": ("int", False, True),
+    },
+}
+_KIND_OK = {
+    "str": lambda v: isinstance(v, str) and v.strip() != "",
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "bool": lambda v: isinstance(v, bool),
+    "dict": lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+    "[str]": lambda v: isinstance(v, list) and all(_KIND_OK["str"](x) for x in v),
+    "[int]": lambda v: isinstance(v, list) and all(_KIND_OK["int"](x) for x in v),
+    "target": lambda v: isinstance(v, dict),
+    "draft": lambda v: isinstance(v, dict),
+}
+
+
+def parse_document(text: str, source: str) -> list[dict[str, Any]]:
+    """`yaml.safe_load` one registry document and validate every entry; returns the raw entry dicts."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
+        raise ConfigError(f"{source}: expected a mapping with an 'entries' list")
+    unknown = sorted(set(doc) - {"version", "entries"})
+    if unknown:
+        raise ConfigError(f"{source}: unknown top-level field(s) {unknown}")
+    for i, raw in enumerate(doc["entries"]):
+        name = raw.get("slug") if isinstance(raw, dict) and isinstance(raw.get("slug"), str) else f"#{i}"
+        where = f"{source}: entry {name!r}"
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(raw).__name__}")
+        _check_fields(raw, "entry", where, "")
+        _check_facts(raw, where)
+    return doc["entries"]
+
+
+def _check_fields(obj: dict, kind: str, where: str, prefix: str) -> None:
+    """Unknown, missing, wrongly typed or null fields -> ConfigError naming `where` and the field."""
+    spec = _SCHEMA[kind]
+    for key in obj:
+        if key not in spec:
+            raise ConfigError(f"{where}: unknown field {prefix + str(key)!r}; known: {', '.join(spec)}")
+    for key, (vkind, required, nullable) in spec.items():
+        field = prefix + key
+        if key not in obj:
+            if required:
+                raise ConfigError(
+                    f"{where}: missing field {field!r}" + (" (null if unknown)" if nullable else "")
+                )
+            continue
+        value = obj[key]
+        if value is None and nullable:
+            continue
+        if not _KIND_OK[vkind](value):
+            null = " or null" if nullable else ""
+            raise ConfigError(f"{where}: field {field!r} must be of type {vkind}{null}, got {value!r}")
+        if vkind in _SCHEMA:
+            _check_fields(value, vkind, where, field + ".")
+
+
+def _check_facts(raw: dict, where: str) -> None:
+    """Value rules: slug shape, status/reason, and fingerprint self-consistency."""
+    if not _SLUG.match(raw["slug"]):
+        raise ConfigError(f"{where}: field 'slug' must be lowercase [a-z0-9._:-], got {raw['slug']!r}")
+    if raw["status"] not in STATUSES:
+        raise ConfigError(
+            f"{where}: field 'status' must be one of {', '.join(STATUSES)}, got {raw['status']!r}"
+        )
+    if raw["status"] != "supported" and not raw.get("reason"):
+        raise ConfigError(f"{where}: field 'reason' is required when status is {raw['status']!r}")
+    t, d = raw["target"], raw["draft"]
+    for key in ("hidden_size", "num_hidden_layers", "vocab_size"):
+        if t[key] <= 0:
+            raise ConfigError(f"{where}: field 'target.{key}' must be positive, got {t[key]}")
+    if d["block_size"] is not None and d["block_size"] < 2:
+        raise ConfigError(f"{where}: field 'draft.block_size' must be >= 2, got {d['block_size']}")
+    taps = d["target_layer_ids"]
+    if taps is not None and (not taps or min(taps) < 0 or max(taps) >= t["num_hidden_layers"]):
+        raise ConfigError(
+            f"{where}: field 'draft.target_layer_ids' {taps} must be non-empty ids in "
+            f"[0, {t['num_hidden_layers']}) (target.num_hidden_layers)"
+        )
+    mask = d["mask_token_id"]
+    if mask is not None and not 0 <= mask < t["vocab_size"]:
+        raise ConfigError(f"{where}: field 'draft.mask_token_id' {mask} outside [0, {t['vocab_size']})")

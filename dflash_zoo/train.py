@@ -1,0 +1,341 @@
+"""Train a DFlash drafter for a Hugging Face target (recipe: dflash-method.md §5, paper v1 §4.2 + app. A.1).
+
+Per sequence: the frozen target runs once with taps on (features [1, T, K*H]); `anchors_per_seq` anchors are
+drawn among response positions whose next token is also supervised (SpecForge rule), resampled every pass.
+Each anchor starts a block `[token at anchor] + mask x (B-1)`, embedded by the target's embedding. All blocks
+are appended after the clean sequence in one drafter call: a block sees target context strictly before its
+anchor plus its own block (bidirectional; causal for sliding layers) and never another block (`Span`).
+Slot k's label is the token at anchor + k; cross-entropy on slots 1..B-1 weighted w_k = exp(-(k-1)/gamma).
+Embedding and LM head are the target's and stay frozen. AdamW, cosine with linear warmup, clip 1.0.
+
+Ablation switches (docs/training.md): `no_target_features` freezes `fc` at zero, so every context key and
+value is exactly zero and the drafter sees only its block (it still loads and runs in the normal engine);
+`uniform_blocks` tiles the response with consecutive blocks instead of random anchors;
+`uniform_loss_weights` sets w_k = 1.
+
+Multi-GPU: launched under `torchrun`, each rank takes every world-th sequence and the drafter is wrapped in
+DDP; rank 0 writes checkpoints and the output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.progress import Progress, TextColumn
+
+from .blocks import block_loss, loss_weights, lr_factor, sample_anchors, target_features
+from .checkpoint import load_drafter, save_drafter
+from .config import DraftConfig, default_target_layer_ids, normalize_draft_config
+from .data import Example
+from .drafter import DFlashDrafter
+from .errors import ConfigError
+
+log = logging.getLogger("dflash_zoo")
+STATE_FILE = "trainer_state.pt"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Trainer settings; the CLI maps its flags one to one onto these fields."""
+
+    out: str
+    draft_layers: int = 5
+    block_size: int = 16
+    target_layer_ids: tuple[int, ...] | None = None
+    mask_token_id: int | None = None
+    steps: int | None = None
+    epochs: float = 6.0
+    batch_size: int = 8
+    anchors_per_seq: int = 512
+    lr: float = 6e-4
+    warmup_ratio: float = 0.04
+    weight_decay: float = 0.0
+    clip: float = 1.0
+    loss_decay_gamma: float | None = None
+    seed: int = 0
+    save_every: int = 0
+    time_budget: float | None = None  # seconds; the cosine runs on max(step, time) progress
+    cache_features: bool = False
+    no_target_features: bool = False
+    uniform_blocks: bool = False
+    uniform_loss_weights: bool = False
+
+
+@dataclass
+class TrainResult:
+    """What `train` returns; `history` holds (step, loss, tau) at each log point."""
+
+    out_dir: str
+    steps: int
+    loss: float
+    tau: float
+    seconds: float
+    tokens_per_second: float
+    history: list[tuple[int, float, float]] = field(default_factory=list)
+
+
+def build_draft_config(target: Any, tokenizer: Any, cfg: TrainConfig) -> DraftConfig:
+    """A z-lab draft config for `target`: Qwen3 layers of the target's width, taps by the upstream rule."""
+    tc = target.config.get_text_config()
+    n_layers = tc.num_hidden_layers
+    taps = (
+        list(cfg.target_layer_ids)
+        if cfg.target_layer_ids
+        else default_target_layer_ids(n_layers, cfg.draft_layers)
+    )
+    rope = getattr(tc, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta", getattr(tc, "rope_theta", 1e6))
+    heads = tc.num_attention_heads
+    raw = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": tc.hidden_size,
+        "intermediate_size": tc.intermediate_size,
+        "num_hidden_layers": cfg.draft_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": getattr(tc, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(tc, "head_dim", None) or tc.hidden_size // heads,
+        "vocab_size": tc.vocab_size,
+        "rms_norm_eps": getattr(tc, "rms_norm_eps", 1e-6),
+        "rope_theta": theta,
+        "max_position_embeddings": getattr(tc, "max_position_embeddings", 40960),
+        "num_target_layers": n_layers,
+        "dflash_config": {
+            "block_size": cfg.block_size,
+            "target_layer_ids": taps,
+            "mask_token_id": pick_mask_id(target, tokenizer, cfg),
+        },
+    }
+    return normalize_draft_config(raw)
+
+
+def pick_mask_id(target: Any, tokenizer: Any, cfg: TrainConfig) -> int:
+    """--mask-token-id, else the tokenizer's `<|MASK|>`, else the last embedding row when the tokenizer stops short."""
+    rows = target.get_input_embeddings().weight.shape[0]
+    if cfg.mask_token_id is not None:
+        mask = cfg.mask_token_id
+    elif tokenizer is not None and "<|MASK|>" in tokenizer.get_vocab():
+        mask = tokenizer.convert_tokens_to_ids("<|MASK|>")
+    elif tokenizer is not None and len(tokenizer) < rows:
+        mask = rows - 1
+    else:
+        raise ConfigError(
+            "no mask token: the tokenizer has no <|MASK|> and fills the embedding table",
+            hint="pass --mask-token-id ID (a reserved id below the embedding rows)",
+        )
+    if not 0 <= mask < rows:
+        raise ConfigError(f"mask token id {mask} outside the target's {rows} embedding rows")
+    return int(mask)
+
+
+def new_drafter(draft_cfg: DraftConfig, cfg: TrainConfig, init: str | None, device: Any) -> DFlashDrafter:
+    """A fresh (seeded) drafter, or one loaded from `init`; fp32 master weights."""
+    torch.manual_seed(cfg.seed)
+    model = load_drafter(init, device, torch.float32) if init else DFlashDrafter(draft_cfg).to(device)
+    if (
+        cfg.no_target_features
+    ):  # zero fc => zero context K/V: no information from the target reaches the drafter
+        torch.nn.init.zeros_(model.fc.weight)
+        model.fc.weight.requires_grad_(False)
+    return model.train()
+
+
+def save_checkpoint(model: DFlashDrafter, opt: Any, step: int, gen: torch.Generator, directory: Path) -> None:
+    """fp32 drafter + optimizer, step and anchor RNG, for `--resume`."""
+    save_drafter(model, directory)
+    torch.save({"step": step, "optimizer": opt.state_dict(), "rng": gen.get_state()}, directory / STATE_FILE)
+
+
+def save_output(model: DFlashDrafter, directory: Path, dtype: torch.dtype, meta: dict) -> None:
+    """The final z-lab drafter in `dtype`, plus the training settings as `training_args.json`."""
+    import json
+
+    clone = copy.deepcopy(model).to(dtype)
+    save_drafter(clone, directory, {"training_args.json": json.dumps(meta, indent=2, default=str) + "\n"})
+
+
+def dist_info() -> tuple[int, int, int]:
+    """(rank, world size, local rank); initialises torch.distributed when launched by torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not torch.distributed.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        torch.distributed.init_process_group(backend)
+    return int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0"))
+
+
+class _Trainer:
+    """State of one training run (built by `train`)."""
+
+    def __init__(
+        self, cfg: TrainConfig, model: Any, drafter: DFlashDrafter, examples: list[Example], device: Any
+    ):
+        from .adapters import get_adapter
+
+        self.cfg, self.model, self.device = cfg, model, torch.device(device)
+        self.adapter = get_adapter(model.config.model_type)(model)
+        self.raw, self.dcfg = drafter, drafter.cfg
+        self.rank, self.world, _ = dist_info()
+        self.drafter = drafter
+        if self.world > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.drafter = torch.nn.parallel.DistributedDataParallel(drafter, device_ids=ids)
+        self.params = [p for p in drafter.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.shard = examples[self.rank :: self.world]
+        per_rank = len(examples) // self.world
+        self.steps_per_epoch = max(1, math.ceil(per_rank / cfg.batch_size))
+        self.total = cfg.steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
+        self.weights = loss_weights(self.dcfg.block_size, cfg.loss_decay_gamma, cfg.uniform_loss_weights)
+        self.gen = torch.Generator().manual_seed(cfg.seed + self.rank)
+        self.feat_cache: dict[int, torch.Tensor] = {}
+        bf16 = self.device.type == "cuda" and model.dtype == torch.bfloat16
+        self.autocast = torch.autocast("cuda", torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+    def batch(self, step: int) -> list[int]:
+        """Indices into the shard: a fresh seeded permutation per epoch, so resuming replays the same order."""
+        epoch, offset = divmod(step, self.steps_per_epoch)
+        order = torch.randperm(
+            len(self.shard), generator=torch.Generator().manual_seed(self.cfg.seed * 7919 + epoch)
+        )
+        bs = self.cfg.batch_size
+        return order[offset * bs : (offset + 1) * bs].tolist() or order[:bs].tolist()
+
+    def features(self, idx: list[int]) -> list[torch.Tensor]:
+        exs = [self.shard[i] for i in idx]
+        if self.cfg.no_target_features:  # fc is frozen at zero: the features' values cannot matter
+            width = self.dcfg.num_taps * self.dcfg.hidden_size
+            return [torch.zeros(1, len(ex.ids), width, device=self.device) for ex in exs]
+        todo = [i for i in idx if i not in self.feat_cache]
+        if todo:
+            feats = target_features(
+                self.model,
+                self.adapter,
+                self.dcfg.target_layer_ids,
+                [self.shard[i] for i in todo],
+                self.device,
+            )
+            if not self.cfg.cache_features:
+                return feats  # nothing cached: todo == idx
+            self.feat_cache.update(zip(todo, feats, strict=True))
+        return [self.feat_cache[i] for i in idx]
+
+    def step(self, step: int, progress: float) -> tuple[float, float, int]:
+        """One optimizer step over `batch_size` sequences (gradients accumulated per sequence)."""
+        for group in self.opt.param_groups:
+            group["lr"] = self.cfg.lr * lr_factor(progress, self.cfg.warmup_ratio)
+        idx = self.batch(step)
+        feats = self.features(idx)
+        self.opt.zero_grad(set_to_none=True)
+        losses, taus, ntok = [], [], 0
+        mask_id = self.dcfg.mask_token_id
+        for j, (i, f) in enumerate(zip(idx, feats, strict=True)):
+            ex = self.shard[i]
+            ids = torch.tensor(ex.ids, device=self.device)
+            anchors = sample_anchors(
+                len(ids),
+                ex.start,
+                self.dcfg.block_size,
+                self.cfg.anchors_per_seq,
+                self.cfg.uniform_blocks,
+                self.gen,
+            ).to(self.device)
+            sync = self.world == 1 or j == len(idx) - 1
+            ctx = contextlib.nullcontext() if sync else self.drafter.no_sync()
+            with ctx, self.autocast:
+                loss, tau, n = block_loss(self.drafter, self.adapter, ids, f, anchors, mask_id, self.weights)
+                (loss / len(idx)).backward()
+            losses.append(float(loss.detach())), taus.append(tau)
+            ntok += len(ids)
+        torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip)
+        self.opt.step()
+        return sum(losses) / len(losses), sum(taus) / len(taus), ntok
+
+
+def train(
+    cfg: TrainConfig,
+    model: Any,
+    tokenizer: Any,
+    examples: list[Example],
+    device: Any = "cpu",
+    init: str | None = None,
+    resume: bool = False,
+    meta: dict | None = None,
+) -> TrainResult:
+    """Train a drafter for `model` (a loaded, frozen target) on `examples`; writes `cfg.out`.
+
+    Args:
+        init: an existing drafter directory to start from (its shape wins over `cfg`).
+        resume: continue from `<out>-checkpoint` (weights, optimizer, step counter, anchor RNG).
+        meta: extra provenance written into `training_args.json`.
+    Returns:
+        A `TrainResult` (steps, last loss / tau estimate, wall time, tokens/s, history).
+    """
+    from .output import stderr
+
+    model.requires_grad_(False)
+    out, ckpt = Path(cfg.out), Path(f"{cfg.out}-checkpoint")
+    state = None
+    if resume:
+        if not (ckpt / STATE_FILE).is_file():
+            raise ConfigError(f"nothing to resume: {ckpt / STATE_FILE} missing")
+        init, state = str(ckpt), torch.load(ckpt / STATE_FILE, weights_only=True)
+    drafter = new_drafter(None if init else build_draft_config(model, tokenizer, cfg), cfg, init, device)
+    tr = _Trainer(cfg, model, drafter, examples, device)
+    step = 0
+    if state is not None:
+        tr.opt.load_state_dict(state["optimizer"])
+        tr.gen.set_state(state["rng"])
+        step = int(state["step"])
+    res = TrainResult(str(out), step, float("nan"), float("nan"), 0.0, 0.0)
+    t0, tokens, every = time.perf_counter(), 0, max(1, tr.total // 20)
+    bar = Progress(
+        *Progress.get_default_columns(),
+        TextColumn("{task.fields[info]}"),
+        console=stderr(),
+        disable=tr.rank != 0 or not stderr().is_terminal,
+    )
+    with bar:
+        task = bar.add_task("training", total=tr.total, completed=step, info="")
+        while step < tr.total:
+            elapsed = time.perf_counter() - t0
+            progress = max(step / tr.total, elapsed / cfg.time_budget if cfg.time_budget else 0.0)
+            if progress >= 1.0:
+                break
+            loss, tau, n = tr.step(step, progress)
+            step, tokens = step + 1, tokens + n
+            tps = tokens * tr.world / max(1e-9, time.perf_counter() - t0)
+            res.loss, res.tau = loss, tau
+            bar.update(task, completed=step, info=f"loss {loss:.3f} tau~{tau:.2f} {tps:,.0f} tok/s")
+            if step % every == 0 or step == tr.total:
+                res.history.append((step, loss, tau))
+                if tr.rank == 0 and not stderr().is_terminal:
+                    stderr().print(
+                        f"step {step}/{tr.total} loss {loss:.4f} tau~{tau:.2f} {tps:,.0f} tok/s",
+                        highlight=False,
+                    )
+            if tr.rank == 0 and cfg.save_every and step % cfg.save_every == 0:
+                save_checkpoint(tr.raw, tr.opt, step, tr.gen, ckpt)
+    res.steps, res.seconds = step, time.perf_counter() - t0
+    res.tokens_per_second = tokens * tr.world / max(1e-9, res.seconds)
+    if tr.rank == 0:
+        save_checkpoint(tr.raw, tr.opt, step, tr.gen, ckpt)
+        info = {
+            **asdict(cfg),
+            **(meta or {}),
+            "steps_done": step,
+            "final_loss": res.loss,
+            "seconds": res.seconds,
+        }
+        save_output(tr.raw, out, model.dtype, info)
+    if tr.world > 1:
+        torch.distributed.barrier()
+    return res

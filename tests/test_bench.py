@@ -1,0 +1,93 @@
+"""`bench`: the what-if schedule, the JSON record schema and the CLI, on a tiny random shape (CPU)."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import pytest
+from click.testing import CliRunner
+
+from dflash_zoo import bench as B
+from dflash_zoo.cli import cli
+
+
+@pytest.mark.parametrize("tau", [1.0, 2.5, 3.25, 6.5, 7.3, 16.0])
+def test_whatif_schedule_has_exactly_the_mean(tau):
+    block = 16
+    override = B.whatif_schedule(tau, block)
+    total = B.whatif_new_tokens(tau, 512) - 1  # tokens after the first (prefill) token
+    commits, done = [], 0
+    while done < total:
+        commits.append(override(len(commits), block - 1) + 1)
+        done += commits[-1]
+    assert done == total
+    assert Fraction(sum(commits), len(commits)) == Fraction(str(tau))
+    assert all(1 <= c <= block for c in commits)
+    if tau == 6.5:
+        assert set(commits) == {6, 7} and total + 1 == 508
+
+
+def test_whatif_rejects_impossible_means():
+    with pytest.raises(ValueError):
+        B.whatif_schedule(17, 16)
+    with pytest.raises(ValueError):
+        B.whatif_schedule(0.5, 16)
+
+
+def _tiny_record(**kw):
+    opts = B.BenchOptions(prompt_tokens=8, new_tokens=12, warmup=0, repeats=1, paths=("eager", "fast"), **kw)
+    sub = B.random_subject("tiny-llama", "cpu", __import__("torch").float32, opts)
+    return B.run_bench(sub, opts, ["test"])
+
+
+def test_bench_record_schema_and_projection():
+    rec = _tiny_record(what_if_acceptance=2.5)
+    assert rec["schema"] == B.SCHEMA and rec["kind"] == "projection"
+    assert rec["projection"]["what_if_acceptance"] == 2.5
+    assert rec["options"]["new_tokens_effective"] == 11
+    assert rec["subject"]["kind"] == "shape" and rec["subject"]["weights"] == "random"
+    assert set(rec["results"]) == {"eager", "fast"}
+    for r in rec["results"].values():
+        ar, spec = r["autoregressive"], r["dflash"]
+        assert spec["mean_acceptance_length"] == 2.5 and spec["histogram"] == {"2": 2, "3": 2}
+        assert ar["new_tokens"] == spec["new_tokens"] == 11
+        for key in ("tokens_per_second", "ttft_seconds", "peak_memory_bytes", "roofline_fraction"):
+            assert key in ar and key in spec
+        assert r["speedup"] > 0
+    prov = rec["provenance"]
+    assert prov["argv"] == ["test"] and {"torch", "transformers"} <= set(prov["versions"])
+    assert "commit" in prov["git"] and "gpu" in prov
+    json.dumps(rec)  # serialisable as is
+
+
+def test_bench_cli_writes_the_record(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path))
+    args = [
+        "bench",
+        "--shape",
+        "tiny-qwen3",
+        "--prompt-tokens",
+        "6",
+        "--new-tokens",
+        "8",
+        "--warmup",
+        "0",
+        "--repeats",
+        "1",
+        "--device",
+        "cpu",
+        "--json",
+    ]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    files = list((tmp_path / "bench").glob("*.json"))
+    assert len(files) == 1
+    rec = json.loads(files[0].read_text())
+    assert rec["kind"] == "measurement" and list(rec["results"]) == ["fast"]
+    assert rec["provenance"]["argv"][0] == "dflash-zoo"
+
+
+def test_bench_cli_usage_errors():
+    result = CliRunner().invoke(cli, ["bench", "--shape", "nope"])
+    assert result.exit_code == 2 and "unknown shape" in result.output

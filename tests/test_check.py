@@ -1,0 +1,237 @@
+"""`check_pair` on golden config fixtures: known-good pairs, known-bad pairs, config sources, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from dflash_zoo.adapters import find_adapter
+
+from dflash_zoo import check as check_mod
+from dflash_zoo.check import CheckReport, check_pair
+from dflash_zoo.errors import InvalidArgumentError, NotFoundError, OfflineError
+from dflash_zoo.registry import write_lock
+
+pytest_plugins = ["tests.hub_fixtures"]  # hub_env: a loopback Hub server (never the network)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "configs"
+GOOD = ["qwen3-8b", "llama3.1-8b-instruct", "gpt-oss-20b", "qwen3.5-9b", "gemma4-31b-it"]
+SHA = "1234567890abcdef1234567890abcdef12345678"
+
+
+def fx(slug: str, side: str) -> Path:
+    return FIXTURES / slug / f"{side}.json"
+
+
+def rows(report: CheckReport) -> dict[str, list[str]]:
+    """check name -> statuses (a check may appear more than once)."""
+    out: dict[str, list[str]] = {}
+    for r in report.rows:
+        out.setdefault(r.check, []).append(r.status)
+    return out
+
+
+def as_dir(tmp_path: Path, slug: str, side: str) -> Path:
+    folder = tmp_path / f"{slug}-{side}"
+    folder.mkdir()
+    (folder / "config.json").write_text(fx(slug, side).read_text())
+    return folder
+
+
+def cache_repo(repo: str, config: dict, commit: str = SHA, ref: str | None = "main") -> None:
+    """Lay out `config.json` of `repo` in the HF cache as the hub client does."""
+    from dflash_zoo.hub import repo_cache_dir
+
+    root = repo_cache_dir(repo)
+    (root / "snapshots" / commit).mkdir(parents=True)
+    (root / "snapshots" / commit / "config.json").write_text(json.dumps(config))
+    if ref:
+        (root / "refs").mkdir(exist_ok=True)
+        (root / "refs" / ref).write_text(commit)
+
+
+@pytest.fixture(autouse=True)
+def zoo_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path / "zoo"))
+    monkeypatch.delenv("DFLASH_ZOO_REGISTRY", raising=False)
+
+
+# ---- known-good pairs -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("slug", GOOD)
+def test_known_good_pairs(slug):
+    report = check_pair(slug, config=fx(slug, "target"), draft_config=fx(slug, "draft"), offline=True)
+    model_type = json.loads(fx(slug, "target").read_text())["model_type"]
+    got = rows(report)
+    for name in ("hidden size", "taps", "vocab", "block size"):
+        assert got[name] == ["PASS"], (name, report.rows)
+    assert report.entry == slug and got["pair"] == ["PASS"]
+    assert report.target_source.startswith("config file") and report.draft_source.startswith("config file")
+    if find_adapter(model_type) is None:  # family adapter not installed here: only that row fails
+        assert report.verdict == "incompatible"
+        assert [r.check for r in report.rows if r.status == "FAIL"] == ["adapter"]
+    else:
+        assert report.verdict == "compatible" and report.compatible
+        assert "FAIL" not in {r.status for r in report.rows}
+
+
+def test_pair_specifics():
+    llama = check_pair("llama3.1-8b-instruct", config=fx("llama3.1-8b-instruct", "target"),
+                       draft_config=fx("llama3.1-8b-instruct", "draft"))  # fmt: skip
+    assert rows(llama)["mask id"] == ["WARN"]  # early config: no mask id
+    assert llama.draft_fingerprint.target_layer_ids == (1, 8, 15, 22, 29)  # default rule, L=32
+    assert llama.draft_fingerprint.block_size == 10
+    q35 = check_pair("qwen3.5-9b", config=fx("qwen3.5-9b", "target"), draft_config=fx("qwen3.5-9b", "draft"))
+    assert rows(q35)["registry fingerprint"] == ["WARN"]  # older revision than the registry's fingerprint
+    assert rows(q35)["revision"] == ["WARN"]
+    q3 = check_pair("qwen3-8b", config=fx("qwen3-8b", "target"), draft_config=fx("qwen3-8b", "draft"))
+    assert "registry fingerprint" not in rows(q3)
+    assert "enable_thinking=False" in next(r.detail for r in q3.rows if r.check == "thinking")
+
+
+# ---- known-bad pairs ------------------------------------------------------------------------------
+
+BAD = [
+    # target fixture, draft fixture, checks that must FAIL
+    ("qwen3-8b", "gpt-oss-20b", {"hidden size", "mask id"}),  # mask 200000 >= 151936 rows
+    ("llama3.1-8b-instruct", "qwen3-8b", {"taps", "mask id"}),  # H 4096 matches; 36-layer taps, Qwen mask
+    ("llama3.1-8b-instruct", "qwen3.5-9b", {"mask id"}),  # only the mask id lies outside the table
+    ("gpt-oss-20b", "gemma4-31b-it", {"hidden size", "taps"}),
+]
+
+
+@pytest.mark.parametrize("target,draft,fails", BAD)
+def test_known_bad_pairs(tmp_path, target, draft, fails):
+    report = check_pair(str(as_dir(tmp_path, target, "target")), draft=str(as_dir(tmp_path, draft, "draft")))
+    assert report.verdict == "incompatible"
+    assert {r.check for r in report.rows if r.status == "FAIL"} == fails
+    assert rows(report)["pair"] == ["WARN"]  # an unregistered (local) drafter
+
+
+def test_registered_drafter_on_wrong_target():
+    report = check_pair("Qwen/Qwen3-4B", draft="qwen3-8b", offline=True)
+    assert report.verdict == "incompatible" and rows(report)["hidden size"] == ["FAIL"]
+    assert "trained for Qwen/Qwen3-8B" in next(r.detail for r in report.rows if r.check == "pair")
+
+
+def test_transformers_too_old(monkeypatch):
+    monkeypatch.setattr(check_mod, "_installed", lambda dist: "4.57.1")
+    report = check_pair("qwen3-8b", config=fx("qwen3-8b", "target"), draft_config=fx("qwen3-8b", "draft"))
+    assert rows(report)["transformers"] == ["FAIL"] and not report.compatible
+
+
+# ---- base model vs Instruct drafter ---------------------------------------------------------------
+
+
+def test_llama_base_is_compatible_with_warning():
+    report = check_pair(
+        "meta-llama/Llama-3.1-8B", draft_config=fx("llama3.1-8b-instruct", "draft"), offline=True
+    )
+    assert report.verdict == "compatible" and report.entry == "llama3.1-8b-instruct"
+    assert report.target_source.startswith("registry llama3.1-8b-instruct")
+    got = rows(report)
+    assert got["pair"] == ["PASS"] and got["acceptance"] == ["WARN"]
+    assert "variant" in next(r.detail for r in report.rows if r.check == "pair")
+
+
+def test_unknown_dir_matched_by_fingerprint(tmp_path):
+    report = check_pair(str(as_dir(tmp_path, "llama3.1-8b-instruct", "target")), offline=True)
+    assert report.entry == "llama3.1-8b-instruct" and report.compatible
+    assert rows(report)["acceptance"] == ["WARN"]
+    assert report.draft_source == "registry llama3.1-8b-instruct (draft fingerprint)"
+    assert rows(report)["draft config"] == ["WARN"]
+
+
+# ---- config sources -------------------------------------------------------------------------------
+
+
+def test_registry_only_when_offline_and_uncached():
+    report = check_pair("qwen3-8b", offline=True)
+    assert report.target_source == "registry qwen3-8b (target fingerprint)"
+    assert report.draft_source == "registry qwen3-8b (draft fingerprint)"
+    assert report.compatible and rows(report)["draft config"] == ["WARN"]
+
+
+def test_hf_cache_sources_and_locked_commit():
+    cache_repo("Qwen/Qwen3-8B", json.loads(fx("qwen3-8b", "target").read_text()))
+    draft = json.loads(fx("qwen3-8b", "draft").read_text())
+    cache_repo("z-lab/Qwen3-8B-DFlash-b16", draft, commit=SHA, ref=None)  # only the locked commit is cached
+    write_lock("qwen3-8b", "z-lab/Qwen3-8B-DFlash-b16", "main", SHA)
+    report = check_pair("Qwen/Qwen3-8B", offline=True)
+    assert report.target_source == "hf cache Qwen/Qwen3-8B"
+    assert report.draft_source == f"hf cache z-lab/Qwen3-8B-DFlash-b16@{SHA}"
+    assert rows(report)["revision"] == ["PASS"] and report.compatible
+
+
+def test_local_dirs(tmp_path):
+    report = check_pair(
+        str(as_dir(tmp_path, "gpt-oss-20b", "target")), draft=str(as_dir(tmp_path, "gpt-oss-20b", "draft"))
+    )
+    assert report.target_source.startswith("local ") and report.draft_source.startswith("local ")
+    assert report.entry is None and rows(report)["hidden size"] == ["PASS"]
+
+
+def test_hub_download_of_config_only(hub_env):
+    for slug, repo, side in [
+        ("qwen3-8b", "Qwen/Qwen3-8B", "target"),
+        ("qwen3-8b", "z-lab/Qwen3-8B-DFlash-b16", "draft"),
+    ]:
+        hub_env.add_file(repo, "config.json", fx(slug, side).read_bytes())
+        hub_env.add_file(repo, "model.safetensors", b"\0" * 1024)
+    report = check_pair(
+        "some-org/qwen3-8b-copy", draft="z-lab/Qwen3-8B-DFlash-b16", config=fx("qwen3-8b", "target")
+    )
+    assert report.draft_source == "hub z-lab/Qwen3-8B-DFlash-b16@main" and report.compatible
+    assert all("model.safetensors" not in r.path for r in hub_env.requests)
+
+
+def test_gated_drafter_falls_back_to_fingerprint(hub_env):
+    hub_env.add_file("z-lab/Qwen3-8B-DFlash-b16", "config.json", fx("qwen3-8b", "draft").read_bytes())
+    hub_env.gated.add("z-lab/Qwen3-8B-DFlash-b16")
+    report = check_pair("qwen3-8b")
+    assert report.draft_source == "registry qwen3-8b (draft fingerprint)"
+    assert "gated" in next(r.detail for r in report.rows if r.check == "draft config")
+
+
+# ---- errors ---------------------------------------------------------------------------------------
+
+
+def test_unknown_repo_offline():
+    with pytest.raises(OfflineError, match="some-org/unknown"):
+        check_pair("some-org/unknown", offline=True)
+
+
+def test_unknown_name_suggests():
+    with pytest.raises(NotFoundError) as err:
+        check_pair("qwen3-8", offline=True)
+    assert "qwen3-8b" in err.value.hint
+
+
+def test_drafter_given_as_target():
+    with pytest.raises(InvalidArgumentError):
+        check_pair("z-lab/Qwen3-8B-DFlash-b16", offline=True)
+
+
+def test_gated_unknown_drafter_is_an_error():
+    with pytest.raises(OfflineError, match="gated") as err:
+        check_pair("minimax-m2.5", offline=True)
+    assert "--draft-config" in err.value.hint
+
+
+def test_no_registered_drafter(tmp_path):
+    cfg = json.loads(fx("qwen3-8b", "target").read_text()) | {"num_hidden_layers": 28}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(NotFoundError, match="no registered drafter"):
+        check_pair(str(tmp_path), offline=True)
+
+
+def test_report_is_json_ready():
+    data = check_pair("gpt-oss-20b", offline=True).to_dict()
+    json.dumps(data)
+    assert {"verdict", "compatible", "rows", "target", "draft", "target_source", "draft_source"} <= set(data)
+    assert set(data["rows"][0]) == {"check", "status", "detail"}

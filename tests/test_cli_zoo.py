@@ -1,0 +1,222 @@
+"""`list` / `ls`, `info` / `show`, `check` through click's CliRunner and `cli.main` (fixed width, offline)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dflash_zoo.cli import cli, main
+from dflash_zoo.registry import load_registry, write_lock
+
+FIXTURES = Path(__file__).parent / "fixtures" / "configs"
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(autouse=True)
+def zoo_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))  # does not exist: must not fail
+    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path / "zoo"))
+    monkeypatch.setenv("COLUMNS", "120")
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.delenv("DFLASH_ZOO_REGISTRY", raising=False)
+
+
+def run(*args: str):
+    return CliRunner().invoke(cli, list(args), env={"COLUMNS": "120"})
+
+
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    """Through `cli.main`, which maps ZooErrors to one line and an exit code."""
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def install(repo: str, tmp_path: Path) -> None:
+    snap = tmp_path / "hf" / "hub" / ("models--" + repo.replace("/", "--")) / "snapshots" / SHA
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+
+
+# ---- list -----------------------------------------------------------------------------------------
+
+
+def test_list_human(tmp_path):
+    install("z-lab/Qwen3-8B-DFlash-b16", tmp_path)
+    result = run("list")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["ID", "TARGET", "DRAFT", "BLOCK", "STATUS", "SIZE", "INSTALLED"]
+    assert max(len(line) for line in lines) <= 120
+    row = next(line.split() for line in lines if line.startswith("qwen3-8b "))
+    assert row == [
+        "qwen3-8b",
+        "Qwen/Qwen3-8B",
+        "z-lab/Qwen3-8B-DFlash-b16",
+        "16",
+        "supported",
+        "1.95",
+        "GiB",
+        "yes",
+    ]
+    assert next(line for line in lines if line.startswith("qwen3-4b ")).split()[-1] == "-"
+    assert next(line for line in lines if line.startswith("minimax-m2.5")).split()[3] == "?"
+
+
+def test_ls_pattern_and_quiet():
+    assert run("ls", "qwen3.5*", "-q").stdout.split() == [e.slug for e in load_registry().match("qwen3.5*")]
+    assert run("list", "-q").stdout.split() == [e.slug for e in load_registry()]
+    assert run("list", "GOOGLE/*", "-q").stdout.split() == ["gemma4-31b-it", "gemma4-26b-a4b-it"]
+
+
+def test_list_json(tmp_path):
+    install("z-lab/gpt-oss-20b-DFlash", tmp_path)
+    write_lock("gpt-oss-20b", "z-lab/gpt-oss-20b-DFlash", "main", SHA)
+    result = run("list", "gpt-oss*", "--json")
+    data = json.loads(result.stdout)
+    assert [d["slug"] for d in data] == ["gpt-oss-20b", "gpt-oss-120b"]
+    assert data[0]["installed"] is True and data[1]["installed"] is False
+    assert data[0]["draft_revision"] == "main" and data[0]["locked"]["commit"] == SHA
+    assert data[0]["draft"]["target_layer_ids"] == [1, 6, 11, 16, 21]
+
+
+def test_list_no_match_and_bad_flags():
+    result = run("list", "nothing*")
+    assert result.exit_code == 0 and result.stdout == "" and "no entry matches" in result.stderr
+    assert run("list", "--json", "-q").exit_code == 2
+
+
+# ---- info -----------------------------------------------------------------------------------------
+
+
+def test_info_human():
+    result = run("info", "qwen3-8b")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    for section in ("Target", "Draft", "Compatibility", "Requires", "Cache paths"):
+        assert f"\n{section}\n" in out
+    assert "[1, 9, 17, 25, 33]" in out and "151669" in out and "not pulled" in out
+    assert "enable_thinking=False" in out and "models--z-lab--Qwen3-8B-DFlash-b16" in out
+
+
+def test_show_alias_json_and_lock():
+    write_lock("llama3.1-8b-instruct", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat", "main", SHA)
+    data = json.loads(run("show", "meta-llama/Llama-3.1-8B-Instruct", "--json").stdout)
+    assert data["slug"] == "llama3.1-8b-instruct" and data["locked"]["commit"] == SHA
+    assert data["requires"]["gated"] is True and data["requires"]["license"] == "llama3.1"
+    assert data["draft"]["mask_token_id"] is None and data["cache"]["lock_file"].endswith("lock.json")
+    assert SHA in run("info", "llama3.1:8b").stdout
+
+
+def test_info_unknown_is_one_line_error(capsys):
+    code, out, err = run_main(capsys, "info", "qwen3-9b")
+    assert code == 1 and out == ""
+    assert err.splitlines()[0] == "error: no registry entry named 'qwen3-9b'"
+    assert "qwen3-8b" in err.splitlines()[1]
+
+
+# ---- check ----------------------------------------------------------------------------------------
+
+
+def fx(slug: str, side: str) -> str:
+    return str(FIXTURES / slug / f"{side}.json")
+
+
+def test_check_human_compatible():
+    result = run("check", "--target", "qwen3-8b", "--config", fx("qwen3-8b", "target"),
+                 "--draft-config", fx("qwen3-8b", "draft"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[2].split() == ["CHECK", "STATUS", "DETAIL"]
+    assert any(line.split()[:3] == ["hidden", "size", "PASS"] for line in lines)
+    assert lines[-1].startswith("compatible: 0 failed")
+
+
+def test_check_incompatible_exit_3(tmp_path):
+    args = ("check", "-t", "llama3.1-8b-instruct", "--config", fx("llama3.1-8b-instruct", "target"),
+            "-d", "qwen3-8b", "--draft-config", fx("qwen3-8b", "draft"))  # fmt: skip
+    result = run(*args)
+    assert result.exit_code == 3
+    assert result.stdout.splitlines()[-1].startswith("incompatible: 2 failed")
+    assert "hint:" in result.stderr
+
+
+def test_check_exit_3_through_main(capsys):
+    code, out, _ = run_main(capsys, "check", "-t", "Qwen/Qwen3-4B", "-d", "qwen3-8b", "--offline", "--json")
+    data = json.loads(out)
+    assert code == 3 and data["verdict"] == "incompatible" and data["compatible"] is False
+    assert {
+        "check": "hidden size",
+        "status": "FAIL",
+        "detail": "drafter hidden size 4096 != target 2560",
+    } in data["rows"]
+
+
+def test_check_json_llama_base():
+    result = run("check", "--target", "meta-llama/Llama-3.1-8B", "--offline", "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert data["verdict"] == "compatible" and data["entry"] == "llama3.1-8b-instruct"
+    assert data["target"] == "meta-llama/Llama-3.1-8B" and data["draft"].startswith("z-lab/LLaMA3.1")
+    assert {"check": "pair", "status": "PASS"}.items() <= next(
+        r for r in data["rows"] if r["check"] == "pair"
+    ).items()
+    assert any(r["check"] == "acceptance" and r["status"] == "WARN" for r in data["rows"])
+
+
+def test_check_usage_and_runtime_errors(capsys, tmp_path):
+    assert run("check").exit_code == 2  # --target is required
+    assert run("check", "-t", "qwen3-8b", "--config", str(tmp_path / "missing.json")).exit_code == 2
+    code, _, err = run_main(capsys, "check", "-t", "some-org/unknown", "--offline")
+    assert code == 1 and err.startswith("error: no config for some-org/unknown")
+    code, _, err = run_main(capsys, "check", "-t", "z-lab/Qwen3-8B-DFlash-b16")
+    assert code == 2 and "is a drafter" in err
+
+
+# ---- help and imports -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cmd,env", [("list", "DFLASH_ZOO_REGISTRY"), ("info", "HF_HUB_CACHE"), ("check", "HF_HUB_OFFLINE")]
+)
+def test_help_has_examples_and_env(cmd, env):
+    out = run(cmd, "--help").stdout
+    assert "Examples:" in out and f"dflash-zoo {cmd}" in out and env in out and "DFLASH_ZOO_HOME" in out
+
+
+NO_HEAVY = """
+import sys
+from dflash_zoo.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    assert exc.code in (0, None), exc.code
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))
+assert not heavy, heavy[:5]
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["list"], ["info", "qwen3-8b"], ["check", "--target", "DIR"]])
+def test_commands_do_not_import_torch_or_transformers(tmp_path, argv):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(Path(fx("qwen3-8b", "target")).read_text())
+    argv = [str(target) if a == "DIR" else a for a in argv]
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "DFLASH_ZOO_HOME": str(tmp_path),
+    }
+    env.pop("HF_HUB_CACHE", None)
+    proc = subprocess.run([sys.executable, "-c", NO_HEAVY, *argv], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,119 @@
+"""The static / graphed fast path (fast.py) against the eager reference loop (decode.py), fp32 on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dflash_zoo.adapters import get_adapter
+
+from dflash_zoo.bench import whatif_schedule
+from dflash_zoo.decode import SpeculativeDecoder, autoregressive_generate
+from dflash_zoo.fast import FastEngine, unsupported_reason
+from dflash_zoo.results import GenerationConfig
+from tests.tiny import VOCAB, tiny_drafter, tiny_target
+
+MASK = VOCAB - 1
+BLOCK = 8
+
+
+def _pair(model_type: str, device: str = "cpu"):
+    target = tiny_target(model_type, seed=0).to(device)
+    drafter = tiny_drafter(target, seed=1, taps=[0, 2]).to(device)
+    return get_adapter(model_type)(target), drafter
+
+
+def _eager(adapter, drafter, prompt, cfg, override=None):
+    dec = SpeculativeDecoder(adapter, drafter, prompt, cfg, MASK, override)
+    for _ in dec:
+        pass
+    return dec.result
+
+
+def _prompts(n: int = 2, length: int = 10) -> list[list[int]]:
+    return [
+        torch.randint(0, MASK, (length,), generator=torch.Generator().manual_seed(s)).tolist()
+        for s in range(n)
+    ]
+
+
+def _full_block_steps(res, max_new: int) -> int:
+    """Steps the eager loop ran with a full block (near the end it verifies fewer slots)."""
+    done, n = 1, 0
+    for step in res.steps:
+        if max_new - done < BLOCK:
+            break
+        done, n = done + step.acceptance_length, n + 1
+    return n
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+def test_fast_path_equals_eager_token_for_token(model_type):
+    adapter, drafter = _pair(model_type)
+    cfg = GenerationConfig(max_new_tokens=20)
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    for prompt in _prompts():
+        ref = autoregressive_generate(adapter, prompt, cfg).output_ids
+        eager, fast = _eager(adapter, drafter, prompt, cfg), eng.speculative(prompt, cfg)
+        assert fast.output_ids == eager.output_ids == ref
+        assert eng.autoregressive(prompt, cfg).output_ids == ref
+        n = _full_block_steps(eager, cfg.max_new_tokens)
+        assert [s.proposed for s in fast.steps[:n]] == [s.proposed for s in eager.steps[:n]]
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+def test_forced_acceptance_rollback_agrees(model_type):
+    """A forced schedule commits drafts (na varies 1..3): both paths roll back and extend context alike."""
+    adapter, drafter = _pair(model_type)
+    cfg = GenerationConfig(max_new_tokens=27)
+    override = whatif_schedule(3.25, BLOCK)
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    prompt = _prompts(1)[0]
+    eager, fast = _eager(adapter, drafter, prompt, cfg, override), eng.speculative(prompt, cfg, override)
+    n = _full_block_steps(eager, cfg.max_new_tokens)
+    assert n >= 5
+    assert fast.acceptance_lengths == eager.acceptance_lengths
+    upto = 1 + sum(eager.acceptance_lengths[:n])
+    assert fast.output_ids[:upto] == eager.output_ids[:upto]
+    assert len(fast.output_ids) == len(eager.output_ids) == cfg.max_new_tokens
+
+
+def test_engine_is_reusable_and_stops():
+    adapter, drafter = _pair("qwen3")
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    prompt = _prompts(1)[0]
+    first = eng.speculative(prompt, GenerationConfig(max_new_tokens=12)).output_ids
+    stop = first[5]
+    res = eng.speculative(prompt, GenerationConfig(max_new_tokens=12, stop_token_ids=(stop,)))
+    assert res.output_ids == first[: first.index(stop) + 1] and res.stop_reason == "stop_token"
+
+
+def test_unsupported_pairs_are_named():
+    moe = get_adapter("qwen3_moe")(tiny_target("qwen3_moe"))
+    assert "qwen3_moe" in unsupported_reason(moe)
+    adapter, drafter = _pair("qwen3")
+    assert unsupported_reason(adapter) is None
+    assert "greedy" in unsupported_reason(adapter, GenerationConfig(temperature=0.7))
+    with pytest.raises(ValueError):
+        FastEngine(moe, drafter, MASK, max_len=64)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_path_equals_eager_fp32():
+    adapter, drafter = _pair("qwen3", "cuda")
+    cfg = GenerationConfig(max_new_tokens=24)
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=True)
+    for prompt in _prompts():
+        ref = autoregressive_generate(adapter, prompt, cfg, "cuda").output_ids
+        assert eng.speculative(prompt, cfg).output_ids == ref
+        assert eng.autoregressive(prompt, cfg).output_ids == ref
+
+
+def test_smaller_block_than_trained():
+    adapter, drafter = _pair("llama")
+    cfg = GenerationConfig(max_new_tokens=16, block_size=4)
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, block_size=4)
+    prompt = _prompts(1)[0]
+    res = eng.speculative(prompt, cfg)
+    assert res.output_ids == autoregressive_generate(adapter, prompt, cfg).output_ids
+    assert all(len(s.proposed) == 3 for s in res.steps)

@@ -1,0 +1,298 @@
+"""Registry: schema errors, the adapter/status rule, fingerprint consistency, resolution, extra files, lock."""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+import yaml
+from dflash_zoo.adapters import canonical_model_type, find_adapter
+
+from dflash_zoo import registry as reg_mod
+from dflash_zoo.config import default_target_layer_ids
+from dflash_zoo.errors import ConfigError, NotFoundError
+from dflash_zoo.registry import load_registry, read_lock, write_lock, zoo_home
+
+PUBLISHED = (
+    "qwen3-4b qwen3-8b llama3.1-8b-instruct qwen3-coder-30b-a3b qwen3-coder-next gpt-oss-20b gpt-oss-120b "
+    "qwen3.5-4b qwen3.5-9b qwen3.5-27b qwen3.5-35b-a3b qwen3.5-122b-a10b qwen3.6-27b qwen3.6-35b-a3b "
+    "kimi-k2.5 minimax-m2.5 gemma4-31b-it gemma4-26b-a4b-it"
+).split()
+EXPLICIT_TAPS = {"qwen3-coder-next"}  # taps that do not follow the default rule (dflash-method.md §2)
+
+
+def entry_dict(slug: str = "custom", **over) -> dict:
+    """A valid extra-registry entry (a Qwen3-8B-shaped pair); `over` replaces top-level fields."""
+    base = {
+        "slug": slug,
+        "adapter": "qwen3",
+        "target": {"repo": f"me/{slug}-target", "model_type": "qwen3", "hidden_size": 4096,
+                   "num_hidden_layers": 36, "vocab_size": 151936},
+        "draft": {"repo": f"me/{slug}-draft", "revision": "main", "block_size": 16,
+                  "target_layer_ids": [1, 9, 17, 25, 33], "mask_token_id": 151669, "num_layers": 5},
+        "license": "apache-2.0",
+        "status": "supported",
+    }  # fmt: skip
+    base.update(over)
+    return base
+
+
+def write_extra(tmp_path: Path, *entries: dict) -> Path:
+    path = tmp_path / "extra.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "entries": list(entries)}))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def zoo_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path / "zoo"))
+    monkeypatch.delenv("DFLASH_ZOO_REGISTRY", raising=False)
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return load_registry()
+
+
+# ---- the built-in file ------------------------------------------------------------------------------
+
+
+def test_builtin_file_is_packaged_and_complete(registry):
+    assert (files("dflash_zoo") / "registry.yaml").is_file()
+    assert os.path.islink(Path(__file__).parents[1] / "dflash_zoo" / "registry.yaml")
+    assert [e.slug for e in registry] == PUBLISHED
+
+
+@pytest.mark.parametrize("slug", PUBLISHED)
+def test_adapter_rule(registry, slug):
+    """supported/preview only when the adapter exists; otherwise unsupported-here with a reason."""
+    e = registry.resolve(slug)
+    if find_adapter(e.adapter) is None:
+        assert e.status == "unsupported-here"
+        assert e.reason == f"no adapter for model_type {e.adapter} in this install"
+    else:
+        assert e.status in ("supported", "preview")
+    assert e.status == "supported" or e.reason
+
+
+@pytest.mark.parametrize("slug", PUBLISHED)
+def test_fingerprint_self_consistent(registry, slug):
+    e = registry.resolve(slug)
+    t, d = e.target, e.draft
+    assert canonical_model_type(e.adapter) == canonical_model_type(t.model_type)
+    if d.target_layer_ids is not None:
+        assert 0 <= min(d.target_layer_ids) and max(d.target_layer_ids) < t.num_hidden_layers
+        if slug not in EXPLICIT_TAPS:
+            assert list(d.target_layer_ids) == default_target_layer_ids(
+                t.num_hidden_layers, len(d.target_layer_ids)
+            )
+    if d.mask_token_id is not None:
+        assert d.mask_token_id < t.vocab_size
+    if d.block_size is not None:
+        assert d.block_size >= 2
+    unknown = [k for k, v in vars(d).items() if v is None]
+    assert not unknown or "unknown" in e.notes or "unverified" in e.notes or e.status != "supported"
+    assert e.draft_revision == "main" or len(e.draft_revision) == 40
+
+
+def test_facts_from_families(registry):
+    assert registry.resolve("llama3.1-8b-instruct").draft.block_size == 10
+    assert registry.resolve("gpt-oss-20b").draft.block_size == 8
+    assert registry.resolve("kimi-k2.5").draft.mask_token_id == 163838
+    assert registry.resolve("gemma4-31b-it").draft.mask_token_id == 4
+    mm = registry.resolve("minimax-m2.5")
+    assert mm.gated and mm.draft.block_size is None and mm.draft.target_layer_ids is None
+    assert registry.resolve("llama3.1-8b-instruct").gated
+    assert registry.resolve("qwen3-8b").chat_template_kwargs == {"enable_thinking": False}
+
+
+# ---- schema -----------------------------------------------------------------------------------------
+
+BAD = [
+    ({"colour": "red"}, "colour"),
+    ({"license": None}, "license"),
+    ({"status": "beta"}, "status"),
+    ({"status": "preview"}, "reason"),
+    ({"gated": "yes"}, "gated"),
+    ({"aliases": "x"}, "aliases"),
+    ({"target": {"repo": "a/b", "model_type": "qwen3", "hidden_size": "4096", "num_hidden_layers": 36,
+                 "vocab_size": 151936}}, "target.hidden_size"),
+    ({"target": {"repo": "a/b", "model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36}},
+     "target.vocab_size"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("over,field", BAD)
+def test_schema_errors_name_entry_and_field(tmp_path, over, field):
+    raw = entry_dict("broken", **over)
+    if over.get("license", 1) is None:
+        del raw["license"]
+    with pytest.raises(ConfigError) as err:
+        load_registry(write_extra(tmp_path, raw))
+    assert "'broken'" in str(err.value) and field in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "draft_over,field",
+    [
+        ({"block_size": 1}, "draft.block_size"),
+        ({"target_layer_ids": [1, 36]}, "draft.target_layer_ids"),
+        ({"mask_token_id": 151936}, "draft.mask_token_id"),
+        ({"num_layers": True}, "draft.num_layers"),
+        ({"flavour": 1}, "draft.flavour"),
+    ],
+)
+def test_schema_draft_errors(tmp_path, draft_over, field):
+    raw = entry_dict("broken")
+    raw["draft"].update(draft_over)
+    with pytest.raises(ConfigError, match=rf"'broken'.*{field}"):
+        load_registry(write_extra(tmp_path, raw))
+
+
+def test_unknown_draft_facts_must_be_explicit_null(tmp_path):
+    raw = entry_dict("vague")
+    del raw["draft"]["mask_token_id"]
+    with pytest.raises(ConfigError, match=r"'vague'.*draft.mask_token_id.*null if unknown"):
+        load_registry(write_extra(tmp_path, raw))
+    raw["draft"].update(mask_token_id=None, block_size=None, target_layer_ids=None, num_layers=None)
+    e = load_registry(write_extra(tmp_path, raw)).resolve("vague")
+    assert e.draft.block_size is None and e.draft.target_layer_ids is None
+
+
+def test_bad_documents(tmp_path):
+    path = tmp_path / "extra.yaml"
+    for text, match in [
+        ("entries: [", "not valid YAML"),
+        ("- a\n", "'entries' list"),
+        ("entries: [3]", "#0"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=match):
+            load_registry(path)
+
+
+def test_missing_adapter_downgrades(tmp_path):
+    e = load_registry(write_extra(tmp_path, entry_dict("future", adapter="no_such_family"))).resolve("future")
+    assert e.status == "unsupported-here"
+    assert e.reason == "no adapter for model_type no_such_family in this install"
+
+
+# ---- resolution ---------------------------------------------------------------------------------------
+
+
+def test_resolution_by_each_name_kind(registry):
+    assert registry.lookup("qwen3-8b")[1] == "slug"
+    assert registry.lookup("QWEN3:8B")[1] == "alias"
+    assert registry.lookup("qwen/qwen3-8b") == (registry.resolve("qwen3-8b"), "target")
+    assert registry.lookup("z-lab/Qwen3-8B-DFlash-b16")[1] == "draft"
+    assert registry.lookup("meta-llama/Llama-3.1-8B") == (registry.resolve("llama3.1-8b-instruct"), "variant")
+
+
+def test_resolution_order(tmp_path):
+    """An alias beats another entry's target repo; a target repo beats another entry's variant."""
+    extra = write_extra(
+        tmp_path,
+        entry_dict("aliased", aliases=["Qwen/Qwen3-8B"]),
+        entry_dict("base-pair", target={**entry_dict()["target"], "repo": "Qwen/Qwen3-8B-Base"}),
+    )
+    reg = load_registry(extra)
+    assert reg.lookup("Qwen/Qwen3-8B")[0].slug == "aliased"
+    assert reg.lookup("Qwen/Qwen3-8B-Base")[0].slug == "base-pair"
+
+
+@pytest.mark.parametrize("name", ["qwen3", "Qwen/Qwen3-8", "qwen3-8b-extra", "wen3-8b", "z-lab", "8b", ""])
+def test_never_substring_or_prefix(registry, name):
+    with pytest.raises(NotFoundError):
+        registry.resolve(name)
+
+
+def test_unknown_name_suggests_nearest(registry):
+    with pytest.raises(NotFoundError) as err:
+        registry.resolve("qwen3-7b")
+    assert "qwen3-7b" in str(err.value)
+    assert "qwen3-8b" in err.value.hint
+    with pytest.raises(NotFoundError) as err:
+        registry.resolve("zzzzzzzz")
+    assert "dflash-zoo list" in err.value.hint
+
+
+def test_by_fingerprint(registry):
+    assert [e.slug for e in registry.by_fingerprint("qwen3", 4096, 36, 151936)] == ["qwen3-8b"]
+    assert [e.slug for e in registry.by_fingerprint("llama", 4096, 32, 128256)] == ["llama3.1-8b-instruct"]
+    both = [e.slug for e in registry.by_fingerprint("qwen3_5", 5120, 64, 248320)]
+    assert both == ["qwen3.5-27b", "qwen3.6-27b"]
+    assert len(registry.by_fingerprint("gemma4_unified", 5376, 60, 262144)) == 1  # through the alias table
+    assert registry.by_fingerprint("qwen3", 4096, 32, 151936) == []
+
+
+def test_match_glob(registry):
+    assert [e.slug for e in registry.match("qwen3.5*")][:2] == ["qwen3.5-4b", "qwen3.5-9b"]
+    assert len(registry.match("qwen3.5*")) == 5
+    assert [e.slug for e in registry.match("GOOGLE/*")] == ["gemma4-31b-it", "gemma4-26b-a4b-it"]
+    assert registry.match("qwen3") == []  # a glob, not a substring
+    assert len(registry.match(None)) == len(registry)
+
+
+# ---- extra registry -----------------------------------------------------------------------------------
+
+
+def test_extra_registry_from_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_ZOO_REGISTRY", str(write_extra(tmp_path, entry_dict("mine", aliases=["m:1"]))))
+    reg = load_registry()
+    assert reg.entries[-1].slug == "mine" and reg.resolve("m:1").slug == "mine"
+    assert len(reg) == len(PUBLISHED) + 1
+
+
+@pytest.mark.parametrize("over", [{"slug": "qwen3-8b"}, {"aliases": ["QWEN3:8B"]}])
+def test_duplicate_names_both_entries(tmp_path, monkeypatch, over):
+    raw = {**entry_dict("dupe"), **over}
+    monkeypatch.setenv("DFLASH_ZOO_REGISTRY", str(write_extra(tmp_path, raw)))
+    with pytest.raises(ConfigError) as err:
+        load_registry()
+    msg = str(err.value)
+    assert "'qwen3-8b'" in msg and f"'{raw['slug']}'" in msg and "built-in" in msg
+
+
+def test_missing_extra_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_ZOO_REGISTRY", str(tmp_path / "nope.yaml"))
+    with pytest.raises(ConfigError, match="nope.yaml"):
+        load_registry()
+
+
+# ---- zoo home and lock --------------------------------------------------------------------------------
+
+
+def test_zoo_home_precedence(tmp_path, monkeypatch):
+    assert zoo_home() == tmp_path / "zoo"
+    monkeypatch.delenv("DFLASH_ZOO_HOME")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert zoo_home() == tmp_path / "xdg" / "dflash-zoo"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert zoo_home() == Path.home() / ".cache" / "dflash-zoo"
+
+
+def test_lock_round_trip(tmp_path):
+    assert read_lock() == {}
+    write_lock("qwen3-8b", "z-lab/Qwen3-8B-DFlash-b16", "main", "a" * 40)
+    write_lock("gpt-oss-20b", "z-lab/gpt-oss-20b-DFlash", "main", "b" * 40)
+    write_lock("qwen3-8b", "z-lab/Qwen3-8B-DFlash-b16", "main", "c" * 40)
+    lock = read_lock()
+    assert set(lock) == {"qwen3-8b", "gpt-oss-20b"}
+    assert lock["qwen3-8b"]["commit"] == "c" * 40 and lock["qwen3-8b"]["requested_revision"] == "main"
+    assert lock["qwen3-8b"]["draft_repo"] == "z-lab/Qwen3-8B-DFlash-b16" and lock["qwen3-8b"]["pulled_at"]
+    assert sorted(p.name for p in (tmp_path / "zoo").iterdir()) == ["lock.json"]  # no temp files left
+    assert json.loads(reg_mod.lock_path().read_text()) == lock
+
+
+def test_corrupt_lock_is_a_clear_error(tmp_path):
+    reg_mod.lock_path().parent.mkdir(parents=True)
+    reg_mod.lock_path().write_text("{not json")
+    with pytest.raises(ConfigError, match="lock.json") as err:
+        read_lock()
+    assert "delete" in err.value.hint
