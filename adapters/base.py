@@ -86,6 +86,9 @@ class TargetAdapter:
     min_transformers: ClassVar[str] = "5.17.0"
     chat_template_kwargs: ClassVar[dict[str, Any]] = {}
     auto_class: ClassVar[str] = "AutoModelForCausalLM"  # transformers auto class that loads the target
+    # The static CUDA fast path (static.py) rebuilds a dense Qwen3/Llama-style decoder from the HF modules:
+    # None = not supported; True/False = whether attention has per-head q_norm / k_norm.
+    static_qk_norm: ClassVar[bool | None] = None
     notes: ClassVar[str] = ""
 
     def __init__(self, model: Any):
@@ -187,7 +190,19 @@ class TargetAdapter:
         return compat.new_cache(self.model.config)
 
     def start_decoding(self, cache: Any) -> None:
-        """Called once after prefill; turns on past recording so sliding/linear layers can be cropped."""
+        """Called once after prefill; turns on past recording so sliding/linear layers can be cropped.
+
+        Refuses a cache that cropping cannot restore (recurrent state) unless the adapter owns rollback.
+        """
+        if type(self).rollback is TargetAdapter.rollback and getattr(cache, "is_croppable", True) is False:
+            from dflash_zoo.errors import UnsupportedModelError
+
+            kinds = sorted({type(layer).__name__ for layer in getattr(cache, "layers", [])})
+            raise UnsupportedModelError(
+                f"{type(self).__name__} rolls back by cropping, but this cache ({', '.join(kinds)}) cannot be "
+                "cropped exactly (recurrent state); refusing rather than producing silently wrong tokens",
+                hint="this target needs an adapter with its own rollback (see docs/hybrid-rollback.md)",
+            )
         if hasattr(cache, "activate_past_recording"):
             cache.activate_past_recording()
 

@@ -16,4 +16,4 @@ from .base import TargetAdapter
 
 @register("llama")
 class LlamaAdapter(TargetAdapter):
-    pass
+    static_qk_norm = False

@@ -18,3 +18,4 @@ from .base import TargetAdapter
 @register("qwen3")
 class Qwen3Adapter(TargetAdapter):
     chat_template_kwargs = {"enable_thinking": False}
+    static_qk_norm = True

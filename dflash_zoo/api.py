@@ -77,6 +77,8 @@ class Pipeline:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     mask_token_id: int = 0
     adapter: Any = None
+    fast: bool | None = None  # static-cache CUDA-graph path: None = auto (CUDA, greedy, supported family)
+    _engine: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.adapter is None:
@@ -113,6 +115,14 @@ class Pipeline:
 
     def generate(self, prompt: Any, raw: bool = False, on_text: Callable[[str], None] | None = None, **kw: Any) -> GenerationResult:
         """Speculative generation. `kw` are `GenerationConfig` fields (max_new_tokens, temperature, ...)."""
+        engine = self._fast_engine(prompt, raw, kw)
+        if engine is not None:
+            ids = self.encode(prompt, raw)
+            res = engine.speculative(ids, self.config(**kw))
+            res.text = self._decode(res.output_ids)
+            if on_text is not None and res.text:
+                on_text(res.text)
+            return res
         dec = self.decoder(prompt, raw, **kw)
         stream = TextStream(self.tokenizer)
         for ids in dec:
@@ -121,6 +131,26 @@ class Pipeline:
                 on_text(text)
         dec.result.text = self._decode(dec.result.output_ids)
         return dec.result
+
+    def _fast_engine(self, prompt: Any, raw: bool, kw: dict[str, Any]) -> Any:
+        """The static fast path when it applies (same tokens as the eager loop), else None."""
+        if self.fast is False or (self.fast is None and self.device.type != "cuda"):
+            return None
+        from .fast import FastEngine
+        from .static import unsupported_reason
+
+        cfg = self.config(**kw).validated(self.drafter.cfg.block_size)
+        reason = unsupported_reason(self.adapter, cfg) or (
+            "block size override" if cfg.block_size != self.drafter.cfg.block_size else None
+        )
+        if reason or kw.get("accept_override"):
+            if self.fast:
+                log.warning("fast path unavailable (%s); using the eager loop", reason)
+            return None
+        need = len(self.encode(prompt, raw)) + cfg.max_new_tokens
+        if self._engine is None or self._engine.max_len < need:
+            self._engine = FastEngine(self.adapter, self.drafter, self.mask_token_id, max(need, 2048))
+        return self._engine
 
     def stream(self, prompt: Any, raw: bool = False, **kw: Any) -> Iterator[str]:
         """Yield text as tokens are committed."""
@@ -213,7 +243,8 @@ def load(
         target, draft = demo.target_dir(), demo.draft_dir()
     elif isinstance(target, str) and draft is None:
         entry = _registry_entry(target)
-        target, draft, draft_revision = entry.target_repo, entry.draft_repo, draft_revision or entry.draft_revision
+        target, draft = entry.target_repo, entry.draft_repo
+        draft_revision = draft_revision or locked_revision(entry)
         chat_kwargs = dict(entry.chat_template_kwargs)
     if draft is None:
         raise NotFoundError("no drafter given", hint="pass --draft DIR_OR_REPO, or a registry id (`dflash-zoo list`)")
@@ -231,6 +262,14 @@ def load(
         mask_token_id=_mask_id(drafter, tokenizer),
         adapter=adapter,
     )
+
+
+def locked_revision(entry: Any) -> str:
+    """The commit `pull` recorded for this entry (reproducible runs), else the registry's pin."""
+    from .registry import read_lock
+
+    lock = read_lock().get(entry.slug) or {}
+    return lock.get("commit") if lock.get("draft_repo") == entry.draft_repo else entry.draft_revision
 
 
 def _registry_entry(name: str) -> Any:

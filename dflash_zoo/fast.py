@@ -11,7 +11,7 @@ What differs from the eager loop (`decode.SpeculativeDecoder`), and why:
   once per step (the only sync); taps are written straight into one [1, B, K*H] buffer;
 - the drafter always sees the full B verified rows; only the first na + 1 get valid positions below the new
   context length, the rest are masked and overwritten (no variable shapes).
-Scope: greedy decoding, batch 1, dense full-attention targets (static.FAMILIES). Everything else uses decode.py.
+Scope: greedy decoding, batch 1, dense full-attention targets whose adapter sets `static_qk_norm`. Everything else uses decode.py.
 On CPU the same static path runs without graphs; tests compare it token for token with decode.py (fp32).
 """
 

@@ -18,15 +18,13 @@ import torch.nn.functional as F
 from .results import GenerationConfig
 from .rope import apply_rotary
 
-# model_type -> whether attention has per-head q_norm / k_norm (transformers models/qwen3, models/llama)
-FAMILIES = {"qwen3": True, "llama": False}
 
 
 def unsupported_reason(adapter: Any, cfg: GenerationConfig | None = None) -> str | None:
     """Why the fast path cannot run this pair (None: it can)."""
     text = adapter.text_config
-    if text.model_type not in FAMILIES:
-        return f"model_type {text.model_type!r} has no static path (only {', '.join(FAMILIES)})"
+    if adapter.static_qk_norm is None:
+        return f"model_type {text.model_type!r} has no static path (its adapter does not declare one)"
     if any(t != "full_attention" for t in (getattr(text, "layer_types", None) or [])):
         return "target has non-full-attention layers"
     if cfg is not None and not cfg.greedy:
@@ -54,7 +52,7 @@ class StaticTarget:
         self.adapter, self.model = adapter, adapter.model
         self.layers, self.decoder = adapter.layers(), adapter.model.get_decoder()
         text = adapter.text_config
-        self.qk_norm = FAMILIES[text.model_type]
+        self.qk_norm = adapter.static_qk_norm
         self.kvh, self.hd = text.num_key_value_heads, self.layers[0].self_attn.head_dim
         self.taps: dict[int, list[int]] = {}  # layer id -> tap slots (ids may repeat)
         for slot, lid in enumerate(tap_ids):

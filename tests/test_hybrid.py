@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 from dflash_zoo.adapters import get_adapter
+from dflash_zoo.adapters._hybrid import gated_delta_final_state, require_croppable
 
-from adapters._hybrid import gated_delta_final_state, require_croppable
 from dflash_zoo import compat
 from dflash_zoo.errors import UnsupportedModelError
 from tests.tiny import VOCAB, tiny_target

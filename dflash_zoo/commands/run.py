@@ -127,8 +127,31 @@ def chat(model_id, target, draft, device, dtype, revision, draft_revision, raw, 
       dflash-zoo chat qwen3-8b
       dflash-zoo chat -t ./target -d ./drafter --temperature 0.7
     """
+    if model_id and not (target or draft):
+        pull_missing(model_id)
     pipe = load_pipeline(target or model_id, draft, device, dtype, revision, draft_revision)
     ChatSession(pipe, gen_kwargs(params), raw).run()
+
+
+def pull_missing(name: str) -> None:
+    """For a registry id: show what is missing (size) and download it, drafter first, before loading."""
+    import os
+
+    from .. import hub
+    from ..api import TARGET_FILES, locked_revision
+    from ..checkpoint import DRAFT_FILES
+    from ..registry import load_registry
+    from .hubcmds import human_size
+
+    if os.path.isdir(name):
+        return
+    entry = load_registry().resolve(name)
+    jobs = [(entry.draft_repo, locked_revision(entry), DRAFT_FILES), (entry.target_repo, None, TARGET_FILES)]
+    for repo, rev, patterns in jobs:
+        plan = hub.plan_pull(repo, rev, allow_patterns=patterns, name=name)
+        if not plan.up_to_date:
+            stderr().print(f"pulling {repo}: {human_size(plan.missing_bytes)} to download", highlight=False)
+            hub.download(plan, progress=sys.stderr.isatty())
 
 
 class ChatSession:

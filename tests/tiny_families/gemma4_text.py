@@ -10,10 +10,10 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 
 def text_kwargs(common, per_layer_input=0):
     return dict(
-        **{**common, "num_hidden_layers": 6, "head_dim": 8},
+        **{**common, "num_hidden_layers": 6},
         layer_types=[SLIDING, SLIDING, FULL, SLIDING, SLIDING, FULL],
         sliding_window=4,
-        global_head_dim=16,
+        global_head_dim=32,
         hidden_size_per_layer_input=per_layer_input,
         vocab_size_per_layer_input=common["vocab_size"],
         final_logit_softcapping=30.0,
