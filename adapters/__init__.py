@@ -23,8 +23,22 @@ ALIASES: dict[str, str] = {
 }
 
 # One module per family; modules whose transformers classes may be missing register inside try/except.
-FAMILY_MODULES = ("qwen3", "qwen3_moe", "llama", "qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next",
-    "gpt_oss", "gemma4_text", "gemma4", "deepseek_v3", "kimi_k25", "minimax_m2", "qwen3_vl",
+FAMILY_MODULES = (
+    "qwen3",
+    "qwen3_moe",
+    "llama",
+    "qwen3_5_text",
+    "qwen3_5",
+    "qwen3_5_moe_text",
+    "qwen3_5_moe",
+    "qwen3_next",
+    "gpt_oss",
+    "gemma4_text",
+    "gemma4",
+    "deepseek_v3",
+    "kimi_k25",
+    "minimax_m2",
+    "qwen3_vl",
 )
 
 
@@ -75,7 +89,9 @@ def get_adapter(model_type: str) -> type[TargetAdapter]:
         from dflash_zoo.errors import UnsupportedModelError
 
         near = difflib.get_close_matches(model_type, supported_model_types(), n=3, cutoff=0.4)
-        hint = f"nearest supported: {', '.join(near)}" if near else "run `dflash-zoo list` for supported pairs"
+        hint = (
+            f"nearest supported: {', '.join(near)}" if near else "run `dflash-zoo list` for supported pairs"
+        )
         raise UnsupportedModelError(f"no dflash-zoo adapter for model_type {model_type!r}", hint=hint)
     return cls
 

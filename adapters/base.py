@@ -89,6 +89,8 @@ class TargetAdapter:
     # The static CUDA fast path (static.py) rebuilds a dense Qwen3/Llama-style decoder from the HF modules:
     # None = not supported; True/False = whether attention has per-head q_norm / k_norm.
     static_qk_norm: ClassVar[bool | None] = None
+    extra_stop_token_ids: ClassVar[tuple[int, ...]] = ()  # family stop ids beyond the generation config's eos
+    accepts_images: ClassVar[bool] = False  # VLM wrappers: `generate --image` feeds pixels at prefill only
     notes: ClassVar[str] = ""
 
     def __init__(self, model: Any):
@@ -108,23 +110,41 @@ class TargetAdapter:
         hidden, layers = text.get("hidden_size"), text.get("num_hidden_layers")
         vocab = text.get("vocab_size") or target_config.get("vocab_size")
         if hidden is not None and hidden != draft.hidden_size:
-            problems.append(Problem("FAIL", "hidden_size", f"drafter hidden size {draft.hidden_size} != target {hidden}"))
+            problems.append(
+                Problem("FAIL", "hidden_size", f"drafter hidden size {draft.hidden_size} != target {hidden}")
+            )
         if layers is not None and max(draft.target_layer_ids) >= layers:
             problems.append(
                 Problem("FAIL", "taps", f"tap id {max(draft.target_layer_ids)} >= target layers ({layers})")
             )
         if layers is not None and draft.num_target_layers not in (None, layers):
             problems.append(
-                Problem("WARN", "num_target_layers", f"drafter expects {draft.num_target_layers} target layers, target has {layers}")
+                Problem(
+                    "WARN",
+                    "num_target_layers",
+                    f"drafter expects {draft.num_target_layers} target layers, target has {layers}",
+                )
             )
         if draft.mask_token_id is None:
-            problems.append(Problem("WARN", "mask_token_id", "draft config has no mask_token_id; the tokenizer's <|MASK|> is used"))
+            problems.append(
+                Problem(
+                    "WARN",
+                    "mask_token_id",
+                    "draft config has no mask_token_id; the tokenizer's <|MASK|> is used",
+                )
+            )
         elif vocab is not None and draft.mask_token_id >= vocab:
             problems.append(
-                Problem("FAIL", "mask_token_id", f"mask id {draft.mask_token_id} outside the embedding table ({vocab} rows)")
+                Problem(
+                    "FAIL",
+                    "mask_token_id",
+                    f"mask id {draft.mask_token_id} outside the embedding table ({vocab} rows)",
+                )
             )
         if vocab is not None and draft.vocab_size != vocab:
-            problems.append(Problem("WARN", "vocab_size", f"drafter vocab {draft.vocab_size} != target {vocab}"))
+            problems.append(
+                Problem("WARN", "vocab_size", f"drafter vocab {draft.vocab_size} != target {vocab}")
+            )
         return problems
 
     @classmethod

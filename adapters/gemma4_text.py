@@ -39,7 +39,9 @@ class Gemma4TextAdapter(TargetAdapter):
         cap = cls.text_config_dict(target_config).get("final_logit_softcapping")
         if draft.final_logit_softcapping is not None and draft.final_logit_softcapping != cap:
             problems.append(
-                Problem("WARN", "softcap", f"drafter soft-cap {draft.final_logit_softcapping} != target {cap}")
+                Problem(
+                    "WARN", "softcap", f"drafter soft-cap {draft.final_logit_softcapping} != target {cap}"
+                )
             )
         return problems
 
@@ -61,6 +63,7 @@ class Gemma4TextAdapter(TargetAdapter):
         from dflash_zoo import compat
 
         seq = ids.shape[1]
-        keep = torch.arange(seq - logits_to_keep, seq, device=ids.device)  # [k] positions: no KV-shared slicing
+        # [k] positions: a tensor (not an int) turns off the KV-shared slicing
+        keep = torch.arange(seq - logits_to_keep, seq, device=ids.device)
         kwargs = {compat.cache_kwarg(self.model): cache, "use_cache": True, "logits_to_keep": keep, **extra}
         return self.model(input_ids=ids, **kwargs).logits  # [1, k, V]

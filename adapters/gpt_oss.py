@@ -32,7 +32,9 @@ class GptOssAdapter(TargetAdapter):
     notes = "attention sinks (eager); sliding/full alternating; harmony stop tokens"
 
     @classmethod
-    def load_model(cls, directory: str, dtype: Any, device: Any, attn_implementation: str | None = None) -> Any:
+    def load_model(
+        cls, directory: str, dtype: Any, device: Any, attn_implementation: str | None = None
+    ) -> Any:
         import transformers
 
         auto = getattr(transformers, cls.auto_class)

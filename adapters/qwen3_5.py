@@ -29,6 +29,7 @@ class Qwen3_5Adapter(TargetAdapter):
     layers_path = "model.language_model.layers"
     auto_class = "AutoModelForImageTextToText"
     cache_strategy = "gdn-recompute"
+    accepts_images = True
     notes = "VLM wrapper over the hybrid Gated-DeltaNet text model (exact GDN rollback)"
 
     def __init__(self, model: Any, rollback: str = "recompute"):
@@ -41,6 +42,13 @@ class Qwen3_5Adapter(TargetAdapter):
         if not isinstance(target_config.get("text_config"), dict):
             return [Problem("FAIL", "text_config", f"{cls.model_types[0]} config has no text_config section")]
         return cls.text_family.validate(target_config, draft)
+
+    def new_cache(self) -> Any:
+        if hasattr(self.model.model, "rope_deltas"):
+            self.model.model.rope_deltas = (
+                None  # an earlier image prompt's mRoPE shift must not leak into this one
+            )
+        return super().new_cache()
 
     def snapshot(self, cache: Any) -> Any:
         return self.text.snapshot(cache)

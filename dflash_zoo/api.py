@@ -40,8 +40,14 @@ def parse_dtype(name: str | torch.dtype | None, device: str) -> torch.dtype:
     """'bf16' / 'bfloat16' / 'fp16' / 'fp32' / 'auto' -> torch dtype (auto: bf16 on GPU, fp32 on CPU)."""
     if isinstance(name, torch.dtype):
         return name
-    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-             "fp32": torch.float32, "float32": torch.float32}
+    table = {
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+        "fp32": torch.float32,
+        "float32": torch.float32,
+    }
     if name in (None, "auto"):
         return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
     if name not in table:
@@ -78,6 +84,7 @@ class Pipeline:
     mask_token_id: int = 0
     adapter: Any = None
     fast: bool | None = None  # static-cache CUDA-graph path: None = auto (CUDA, greedy, supported family)
+    processor_source: str | None = None  # where AutoProcessor loads from, for image prompts
     _engine: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -107,15 +114,34 @@ class Pipeline:
         stops = tuple(kw.pop("stop_token_ids", None) or self.stop_token_ids)
         return GenerationConfig(stop_token_ids=stops, **kw)
 
-    def decoder(self, prompt: Any, raw: bool = False, **kw: Any) -> SpeculativeDecoder:
+    def decoder(
+        self, prompt: Any, raw: bool = False, images: list[str] | None = None, **kw: Any
+    ) -> SpeculativeDecoder:
+        """The decode loop for one prompt; `images` (file paths) go to a VLM target's prefill only."""
         accept_override = kw.pop("accept_override", None)
+        ids, prefill = (self.encode(prompt, raw), None) if not images else self._image_inputs(prompt, images)
         return SpeculativeDecoder(
-            self.adapter, self.drafter, self.encode(prompt, raw), self.config(**kw), self.mask_token_id, accept_override
+            self.adapter, self.drafter, ids, self.config(**kw), self.mask_token_id, accept_override, prefill
         )
 
-    def generate(self, prompt: Any, raw: bool = False, on_text: Callable[[str], None] | None = None, **kw: Any) -> GenerationResult:
+    def _image_inputs(self, prompt: Any, images: list[str]) -> tuple[list[int], dict[str, Any]]:
+        from .vision import image_prompt_inputs, require_image_support
+
+        require_image_support(self.adapter)
+        if not isinstance(prompt, str) or self.processor_source is None:
+            raise ConfigError(
+                "image prompts need a text prompt and a target loaded from a directory or Hub id"
+            )
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(resolve_dir(self.processor_source, None, TARGET_FILES))
+        return image_prompt_inputs(processor, prompt, images, self.chat_template_kwargs)
+
+    def generate(
+        self, prompt: Any, raw: bool = False, on_text: Callable[[str], None] | None = None, **kw: Any
+    ) -> GenerationResult:
         """Speculative generation. `kw` are `GenerationConfig` fields (max_new_tokens, temperature, ...)."""
-        engine = self._fast_engine(prompt, raw, kw)
+        engine = None if kw.get("images") else self._fast_engine(prompt, raw, kw)
         if engine is not None:
             ids = self.encode(prompt, raw)
             res = engine.speculative(ids, self.config(**kw))
@@ -212,7 +238,9 @@ def check_pair(model: Any, drafter: DFlashDrafter) -> None:
     problems = adapter.validate(model.config.to_dict(), drafter.cfg)
     fails = [p for p in problems if p.severity == "FAIL"]
     if fails:
-        raise IncompatiblePairError("; ".join(p.message for p in fails), hint="run `dflash-zoo check` for the full report")
+        raise IncompatiblePairError(
+            "; ".join(p.message for p in fails), hint="run `dflash-zoo check` for the full report"
+        )
     for p in problems:
         log.warning("%s", p.message)
 
@@ -247,17 +275,24 @@ def load(
         draft_revision = draft_revision or locked_revision(entry)
         chat_kwargs = dict(entry.chat_template_kwargs)
     if draft is None:
-        raise NotFoundError("no drafter given", hint="pass --draft DIR_OR_REPO, or a registry id (`dflash-zoo list`)")
+        raise NotFoundError(
+            "no drafter given", hint="pass --draft DIR_OR_REPO, or a registry id (`dflash-zoo list`)"
+        )
     model, tok = _load_target(target, device, torch_dtype, revision)
     tokenizer = tokenizer if tokenizer is not None else tok
-    drafter = draft if isinstance(draft, DFlashDrafter) else load_drafter(draft, device, torch_dtype, draft_revision)
+    drafter = (
+        draft
+        if isinstance(draft, DFlashDrafter)
+        else load_drafter(draft, device, torch_dtype, draft_revision)
+    )
     check_pair(model, drafter)
     adapter = get_adapter(model.config.model_type)(model)
     return Pipeline(
         model=model,
         drafter=drafter,
         tokenizer=tokenizer,
-        stop_token_ids=_stop_ids(model, tokenizer),
+        stop_token_ids=tuple(dict.fromkeys(_stop_ids(model, tokenizer) + adapter.extra_stop_token_ids)),
+        processor_source=str(target) if isinstance(target, str | Path) else None,
         chat_template_kwargs={**adapter.chat_template_kwargs, **chat_kwargs},
         mask_token_id=_mask_id(drafter, tokenizer),
         adapter=adapter,
@@ -275,7 +310,9 @@ def locked_revision(entry: Any) -> str:
 def _registry_entry(name: str) -> Any:
     """Registry entry for a slug / alias / repo id; a local directory is never a registry name."""
     if Path(name).expanduser().is_dir():
-        raise NotFoundError(f"{name} is a directory but no --draft was given", hint="pass --draft DIR_OR_REPO")
+        raise NotFoundError(
+            f"{name} is a directory but no --draft was given", hint="pass --draft DIR_OR_REPO"
+        )
     from .registry import load_registry
 
     return load_registry().resolve(name)

@@ -28,14 +28,18 @@ log = logging.getLogger("dflash_zoo")
 DRAFT_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json"]
 
 
-def resolve_dir(source: str | os.PathLike, revision: str | None = None, patterns: list[str] | None = None) -> Path:
+def resolve_dir(
+    source: str | os.PathLike, revision: str | None = None, patterns: list[str] | None = None
+) -> Path:
     """A local directory as is; otherwise a Hub repo id fetched (or found offline) in the HF cache."""
     path = Path(source).expanduser()
     if path.is_dir():
         return path
     text = str(source)
     if path.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
-        raise NotFoundError(f"{text} is neither a local directory nor a Hub repo id", hint="check the path or id")
+        raise NotFoundError(
+            f"{text} is neither a local directory nor a Hub repo id", hint="check the path or id"
+        )
     from .hub import snapshot
 
     return snapshot(text, revision=revision, allow_patterns=patterns or DRAFT_FILES)
@@ -48,14 +52,18 @@ def _weight_files(directory: Path) -> list[Path]:
         files = sorted({directory / f for f in weight_map.values()})
         missing = [f.name for f in files if not f.is_file()]
         if missing:
-            raise CheckpointError(f"sharded checkpoint in {directory} is missing shard(s): {', '.join(missing)}")
+            raise CheckpointError(
+                f"sharded checkpoint in {directory} is missing shard(s): {', '.join(missing)}"
+            )
         return files
     single = directory / "model.safetensors"
     if single.is_file():
         return [single]
     found = sorted(directory.glob("*.safetensors"))
     if not found:
-        raise CheckpointError(f"no .safetensors weights in {directory}", hint="drafters load from safetensors only")
+        raise CheckpointError(
+            f"no .safetensors weights in {directory}", hint="drafters load from safetensors only"
+        )
     return found
 
 
@@ -108,7 +116,9 @@ def draft_config_dict(cfg: DraftConfig) -> dict[str, Any]:
     raw = dict(cfg.raw)
     rope = {"rope_type": cfg.rope.type, "rope_theta": cfg.rope.theta}
     if cfg.rope.type != "default":
-        rope.update(factor=cfg.rope.factor, original_max_position_embeddings=cfg.rope.original_max_position_embeddings)
+        rope.update(
+            factor=cfg.rope.factor, original_max_position_embeddings=cfg.rope.original_max_position_embeddings
+        )
     raw.update(
         architectures=["DFlashDraftModel"],
         model_type="qwen3",
@@ -133,13 +143,19 @@ def draft_config_dict(cfg: DraftConfig) -> dict[str, Any]:
     if cfg.sliding_window:
         raw["sliding_window"] = cfg.sliding_window
     dcfg = dict(raw.get("dflash_config") or {})
-    dcfg.update(block_size=cfg.block_size, target_layer_ids=list(cfg.target_layer_ids), mask_token_id=cfg.mask_token_id)
+    dcfg.update(
+        block_size=cfg.block_size,
+        target_layer_ids=list(cfg.target_layer_ids),
+        mask_token_id=cfg.mask_token_id,
+    )
     raw["dflash_config"] = dcfg
     raw.pop("auto_map", None)  # never point loaders at remote code
     return raw
 
 
-def save_drafter(model: DFlashDrafter, out_dir: str | os.PathLike, extra_files: dict[str, str] | None = None) -> Path:
+def save_drafter(
+    model: DFlashDrafter, out_dir: str | os.PathLike, extra_files: dict[str, str] | None = None
+) -> Path:
     """Write `config.json` + `model.safetensors` atomically (temporary folder, then rename)."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cache_kwarg_for(forward_fn: Any) -> str:
     params = inspect.signature(forward_fn).parameters
     return "cache" if "cache" in params else "past_key_values"
@@ -34,7 +34,9 @@ def new_cache(config: Any) -> Any:
     return DynamicCache(config=config)
 
 
-def forward(model: torch.nn.Module, ids: torch.Tensor, cache: Any, logits_to_keep: int = 0, **kw: Any) -> torch.Tensor:
+def forward(
+    model: torch.nn.Module, ids: torch.Tensor, cache: Any, logits_to_keep: int = 0, **kw: Any
+) -> torch.Tensor:
     """Run `model` on `ids` [1, T] appending to `cache`; returns logits [1, T or logits_to_keep, V]."""
     name = cache_kwarg(model)
     kwargs = {name: cache, "use_cache": True, **kw}

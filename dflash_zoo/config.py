@@ -225,4 +225,6 @@ def _rope(raw: dict) -> RopeSpec:
     fields = {k: merged[k] for k in RopeSpec.__dataclass_fields__ if k in merged and merged[k] is not None}
     fields.pop("type", None)
     partial = merged.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
-    return RopeSpec(**{**fields, "theta": float(theta), "type": rtype, "partial_rotary_factor": float(partial)})
+    return RopeSpec(
+        **{**fields, "theta": float(theta), "type": rtype, "partial_rotary_factor": float(partial)}
+    )

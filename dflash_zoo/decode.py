@@ -134,9 +134,12 @@ class SpeculativeDecoder:
         block[0] = bonus[0]
         emb = self.adapter.embed(block[None])  # [1, b, H]
         span = Span(
-            q_pos=torch.arange(pos, pos + b, device=self.device), ctx_pos=torch.arange(0, pos, device=self.device)
+            q_pos=torch.arange(pos, pos + b, device=self.device),
+            ctx_pos=torch.arange(0, pos, device=self.device),
         )
-        h = self.drafter(emb.to(self.drafter.fc.weight.dtype), feats.to(self.drafter.fc.weight.dtype), span, dkv)
+        h = self.drafter(
+            emb.to(self.drafter.fc.weight.dtype), feats.to(self.drafter.fc.weight.dtype), span, dkv
+        )
         dlogits = self.adapter.logits(h[0, 1:].to(emb.dtype))  # [b-1, V]
         if picker.cfg.greedy:
             return dlogits.argmax(-1), None
@@ -178,7 +181,9 @@ def autoregressive_generate(
     """Plain one-token-at-a-time decoding with the same cache and sampling code (the baseline)."""
     picker = _Picker(cfg, torch.device(device))
     stops = set(cfg.stop_token_ids)
-    res = GenerationResult(output_ids=[], text="", prompt_tokens=len(prompt_ids), acceptance_rule="autoregressive")
+    res = GenerationResult(
+        output_ids=[], text="", prompt_tokens=len(prompt_ids), acceptance_rule="autoregressive"
+    )
     with torch.inference_mode():
         t0 = time.perf_counter()
         cache = adapter.new_cache()

@@ -119,10 +119,18 @@ class Attention(nn.Module):
         if past is not None and ctx_kv is not None:
             ctx_kv = (torch.cat([past[0], ctx_kv[0]], dim=2), torch.cat([past[1], ctx_kv[1]], dim=2))
         ctx_kv = ctx_kv if ctx_kv is not None else past
-        k, v = (k_blk, v_blk) if ctx_kv is None else (torch.cat([ctx_kv[0], k_blk], 2), torch.cat([ctx_kv[1], v_blk], 2))
+        k, v = (
+            (k_blk, v_blk)
+            if ctx_kv is None
+            else (torch.cat([ctx_kv[0], k_blk], 2), torch.cat([ctx_kv[1], v_blk], 2))
+        )
         mask = span.mask(self.causal, self.window)
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=None if mask is None else mask[None, None], enable_gqa=self.heads != self.kv_heads
+            q,
+            k,
+            v,
+            attn_mask=None if mask is None else mask[None, None],
+            enable_gqa=self.heads != self.kv_heads,
         )  # [B, heads, N, hd]
         out = self.o_proj(out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))
         return out, ctx_kv

@@ -39,7 +39,11 @@ def stderr() -> Console:
 def setup_logging(verbosity: int = 0) -> None:
     """Install one rich handler on stderr for the `dflash_zoo` logger (CLI only)."""
     env = os.environ.get("DFLASH_ZOO_VERBOSITY", "").upper()
-    level = env if env in ("DEBUG", "INFO", "WARNING", "ERROR") else ("DEBUG" if verbosity > 1 else "INFO" if verbosity else "WARNING")
+    level = (
+        env
+        if env in ("DEBUG", "INFO", "WARNING", "ERROR")
+        else ("DEBUG" if verbosity > 1 else "INFO" if verbosity else "WARNING")
+    )
     logger = logging.getLogger(LOGGER_NAME)
     logger.handlers[:] = [RichHandler(console=stderr(), show_time=False, show_path=False, markup=False)]
     logger.setLevel(level)

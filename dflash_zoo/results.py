@@ -106,7 +106,10 @@ class GenerationResult:
             "text": self.text,
             "prompt_tokens": self.prompt_tokens,
             "acceptance_lengths": self.acceptance_lengths,
-            "steps": [{"proposed": s.proposed, "accepted": s.accepted, "acceptance_length": s.acceptance_length} for s in self.steps],
+            "steps": [
+                {"proposed": s.proposed, "accepted": s.accepted, "acceptance_length": s.acceptance_length}
+                for s in self.steps
+            ],
             "mean_acceptance_length": self.mean_acceptance_length,
             "histogram": {str(k): v for k, v in self.histogram.items()},
             "tokens_per_second": self.tokens_per_second,

@@ -13,7 +13,9 @@ import torch
 from .config import RopeSpec
 
 
-def inverse_frequencies(rope: RopeSpec, head_dim: int, max_position_embeddings: int) -> tuple[torch.Tensor, float]:
+def inverse_frequencies(
+    rope: RopeSpec, head_dim: int, max_position_embeddings: int
+) -> tuple[torch.Tensor, float]:
     """Returns (inv_freq [dim/2], attention_scaling) for the rotary part of a head (dim = head_dim * partial)."""
     dim = int(head_dim * rope.partial_rotary_factor)
     inv_freq = 1.0 / (rope.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))

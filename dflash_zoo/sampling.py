@@ -16,7 +16,9 @@ from __future__ import annotations
 import torch
 
 
-def processed_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+def processed_probs(
+    logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
     """[..., V] logits -> [..., V] fp32 probabilities after temperature, top-k and top-p (nucleus) filtering."""
     x = logits.float() / temperature
     if top_k and top_k < x.shape[-1]:

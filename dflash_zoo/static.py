@@ -19,7 +19,6 @@ from .results import GenerationConfig
 from .rope import apply_rotary
 
 
-
 def unsupported_reason(adapter: Any, cfg: GenerationConfig | None = None) -> str | None:
     """Why the fast path cannot run this pair (None: it can)."""
     text = adapter.text_config

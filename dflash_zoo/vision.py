@@ -33,7 +33,8 @@ def require_image_support(adapter: Any) -> None:
     if not getattr(adapter, "accepts_images", False):
         types = ", ".join(getattr(adapter, "model_types", ())) or type(adapter).__name__
         raise UnsupportedModelError(
-            f"target family {types} takes no images", hint="drop --image, or use a VLM target (qwen3_vl, gemma4, ...)"
+            f"target family {types} takes no images",
+            hint="drop --image, or use a VLM target (qwen3_vl, gemma4, ...)",
         )
 
 

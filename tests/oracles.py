@@ -30,6 +30,11 @@ class OracleDecoder(SpeculativeDecoder):
 def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
     """The target's own greedy decoding through transformers' `generate` (independent of our loop)."""
     out = model.generate(
-        torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None
+        torch.tensor([prompt]),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        pad_token_id=0,
+        eos_token_id=None,
     )
     return out[0, len(prompt) :].tolist()

@@ -28,7 +28,14 @@ def test_json_schema_and_lossless_output(pair_dirs):
     res = _run("hello", "-t", str(target), "-d", str(draft), "-n", "16", "--raw", "--device", "cpu", "--json")
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
-    for key in ("output_ids", "text", "acceptance_lengths", "steps", "mean_acceptance_length", "tokens_per_second"):
+    for key in (
+        "output_ids",
+        "text",
+        "acceptance_lengths",
+        "steps",
+        "mean_acceptance_length",
+        "tokens_per_second",
+    ):
         assert key in out
     assert len(out["output_ids"]) == 16
     assert len(out["acceptance_lengths"]) == len(out["steps"])
@@ -58,8 +65,23 @@ def test_streams_text_to_stdout_and_stats_to_stderr(pair_dirs):
 def test_bad_arguments(pair_dirs, args, code, message):
     target, draft = pair_dirs
     proc = subprocess.run(
-        [sys.executable, "-m", "dflash_zoo", "generate", "x", "-t", str(target), "-d", str(draft), "--device", "cpu", *args],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "dflash_zoo",
+            "generate",
+            "x",
+            "-t",
+            str(target),
+            "-d",
+            str(draft),
+            "--device",
+            "cpu",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == code and message in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -67,8 +89,20 @@ def test_bad_arguments(pair_dirs, args, code, message):
 
 def test_unknown_path_is_one_line(tmp_path, pair_dirs):
     proc = subprocess.run(
-        [sys.executable, "-m", "dflash_zoo", "generate", "x", "-t", str(tmp_path / "nope"), "-d", str(pair_dirs[1])],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "dflash_zoo",
+            "generate",
+            "x",
+            "-t",
+            str(tmp_path / "nope"),
+            "-d",
+            str(pair_dirs[1]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: ") and "nope" in proc.stderr

@@ -62,7 +62,14 @@ def test_prompt_of_one_token(pipe, pair):
 def test_result_schema_and_statistics(pipe, pair):
     res = _oracle(pipe, PROMPT, greedy_reference(pair[0], PROMPT, 20), 20)
     d = res.to_dict()
-    for key in ("output_ids", "text", "acceptance_lengths", "steps", "mean_acceptance_length", "tokens_per_second"):
+    for key in (
+        "output_ids",
+        "text",
+        "acceptance_lengths",
+        "steps",
+        "mean_acceptance_length",
+        "tokens_per_second",
+    ):
         assert key in d
     assert all(len(s["proposed"]) == 7 for s in d["steps"][:-1])  # block_size - 1 proposals per step
     assert d["mean_acceptance_length"] == pytest.approx(sum(d["acceptance_lengths"]) / len(d["steps"]))
@@ -110,7 +117,9 @@ def test_stream_yields_text_as_committed():
     from tests.tiny import tiny_tokenizer
 
     target = tiny_target("qwen3", seed=0)
-    pipe = Pipeline(model=target, drafter=tiny_drafter(target), tokenizer=tiny_tokenizer(), mask_token_id=VOCAB - 1)
+    pipe = Pipeline(
+        model=target, drafter=tiny_drafter(target), tokenizer=tiny_tokenizer(), mask_token_id=VOCAB - 1
+    )
     pieces = list(pipe.stream("hello world", raw=True, max_new_tokens=12))
     res = pipe.generate("hello world", raw=True, max_new_tokens=12)
     assert "".join(pieces) == res.text
@@ -121,7 +130,9 @@ def test_chat_template_is_used_unless_raw():
     from tests.tiny import tiny_tokenizer
 
     target = tiny_target("qwen3", seed=0)
-    pipe = Pipeline(model=target, drafter=tiny_drafter(target), tokenizer=tiny_tokenizer(), mask_token_id=VOCAB - 1)
+    pipe = Pipeline(
+        model=target, drafter=tiny_drafter(target), tokenizer=tiny_tokenizer(), mask_token_id=VOCAB - 1
+    )
     assert pipe.tokenizer.decode(pipe.encode("hi")) == "[user] hi\n[assistant] "
     assert pipe.tokenizer.decode(pipe.encode("hi", raw=True)) == "hi"
 
@@ -135,10 +146,13 @@ def test_sampling_is_reproducible_with_a_seed(pipe):
 def test_stateful_cache_with_a_crop_only_adapter_is_refused():
     """A hybrid (recurrent-state) target behind the plain crop adapter must be refused, never run silently."""
     from dflash_zoo.adapters.base import TargetAdapter
+
     from dflash_zoo.decode import SpeculativeDecoder
     from dflash_zoo.errors import UnsupportedModelError
 
     target = tiny_target("qwen3_5_text", seed=0)
-    dec = SpeculativeDecoder(TargetAdapter(target), tiny_drafter(target), PROMPT, GenerationConfig(8), VOCAB - 1)
+    dec = SpeculativeDecoder(
+        TargetAdapter(target), tiny_drafter(target), PROMPT, GenerationConfig(8), VOCAB - 1
+    )
     with pytest.raises(UnsupportedModelError, match="cannot be cropped exactly"):
         list(dec)

@@ -75,7 +75,11 @@ def chi_square_pvalue(counts: dict, probs: dict, n: int) -> float:
         stat, cells = stat + (pooled_obs - pooled_exp) ** 2 / pooled_exp, cells + 1
     dof = cells - 1
     assert dof >= 1, "too few runs for a chi-square test"
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64)
+        )
+    )
 
 
 N_RUNS = 400

@@ -12,6 +12,7 @@ from dflash_zoo.config import default_target_layer_ids, normalize_draft_config
 from dflash_zoo.drafter import DFlashDrafter
 
 VOCAB, HIDDEN = 256, 64
+LM_SCALE = 8.0  # tiny LM heads are scaled up so greedy argmax has no near-ties
 COMMON = dict(
     vocab_size=VOCAB,
     hidden_size=HIDDEN,
@@ -35,11 +36,13 @@ def target_config(model_type: str, **overrides):
     try:
         mod = importlib.import_module(f"tests.tiny_families.{model_type}")
     except ModuleNotFoundError as exc:
-        raise AssertionError(f"no tiny config for adapter {model_type!r}: add tests/tiny_families/{model_type}.py") from exc
+        raise AssertionError(
+            f"no tiny config for adapter {model_type!r}: add tests/tiny_families/{model_type}.py"
+        ) from exc
     return mod.config({**COMMON, **overrides})
 
 
-def tiny_target(model_type: str = "qwen3", seed: int = 0, lm_scale: float = 8.0, **overrides):
+def tiny_target(model_type: str = "qwen3", seed: int = 0, lm_scale: float = LM_SCALE, **overrides):
     """A tiny random fp32 causal LM of `model_type` in eval mode."""
     import transformers
 
@@ -76,7 +79,9 @@ def draft_config_dict(target=None, layers: int = 2, block_size: int = 8, taps=No
         "num_target_layers": n_target,
         "dflash_config": {
             "block_size": block_size,
-            "target_layer_ids": list(taps) if taps is not None else default_target_layer_ids(n_target, layers),
+            "target_layer_ids": list(taps)
+            if taps is not None
+            else default_target_layer_ids(n_target, layers),
             "mask_token_id": VOCAB - 1,
         },
         **extra,

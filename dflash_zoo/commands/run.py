@@ -18,12 +18,16 @@ Environment: HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE=1, HF_TOKEN, DFLASH_ZOO_DEBUG
 def model_options(f):
     """Options shared by generate, chat (and reused by eval/bench)."""
     opts = [
-        click.option("--target", "-t", help="Target: local dir, Hub id or registry id (default: embedded demo)."),
+        click.option(
+            "--target", "-t", help="Target: local dir, Hub id or registry id (default: embedded demo)."
+        ),
         click.option("--draft", "-d", help="Drafter: local dir or Hub id (default: the registry's drafter)."),
         click.option("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
         click.option("--dtype", default="auto", show_default=True, help="auto, bf16, fp16 or fp32."),
         click.option("--revision", default=None, help="Target revision."),
-        click.option("--draft-revision", default=None, help="Drafter revision (default: the registry's pin)."),
+        click.option(
+            "--draft-revision", default=None, help="Drafter revision (default: the registry's pin)."
+        ),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -33,14 +37,30 @@ def model_options(f):
 def decoding_options(f):
     opts = [
         click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=256, show_default=True),
-        click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
-                     help="0 = greedy (lossless)."),
+        click.option(
+            "--temperature",
+            type=click.FloatRange(min=0),
+            default=0.0,
+            show_default=True,
+            help="0 = greedy (lossless).",
+        ),
         click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True),
         click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off."),
-        click.option("--block-size", type=click.IntRange(min=2), default=None,
-                     help="Override the drafter's block size (smaller only)."),
+        click.option(
+            "--block-size",
+            type=click.IntRange(min=2),
+            default=None,
+            help="Override the drafter's block size (smaller only).",
+        ),
         click.option("--seed", type=int, default=None, help="Sampling seed."),
         click.option("--raw", is_flag=True, help="No chat template: tokenize the prompt as given."),
+        click.option(
+            "--image",
+            "images",
+            multiple=True,
+            type=click.Path(dir_okay=False),
+            help="Image file for a VLM target (repeatable); seen at prefill, drafting stays text-only.",
+        ),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -48,10 +68,16 @@ def decoding_options(f):
 
 
 def load_pipeline(target, draft, device, dtype, revision, draft_revision):
+    import transformers
+
     from ..api import load
 
+    transformers.utils.logging.disable_progress_bar()  # our own spinner says what is happening
+
     with stderr().status("loading models...", spinner="dots"):
-        return load(target, draft, device=device, dtype=dtype, revision=revision, draft_revision=draft_revision)
+        return load(
+            target, draft, device=device, dtype=dtype, revision=revision, draft_revision=draft_revision
+        )
 
 
 def gen_kwargs(params: dict[str, Any]) -> dict[str, Any]:
@@ -75,7 +101,7 @@ def print_stats(res) -> None:
 @model_options
 @decoding_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (ids, text, steps, stats).")
-def generate(prompt, target, draft, device, dtype, revision, draft_revision, raw, as_json, **params):
+def generate(prompt, target, draft, device, dtype, revision, draft_revision, raw, images, as_json, **params):
     """Generate a continuation of PROMPT with DFlash speculative decoding.
 
     Text streams to stdout and statistics go to stderr; with --json stdout holds one object with
@@ -87,13 +113,15 @@ def generate(prompt, target, draft, device, dtype, revision, draft_revision, raw
       dflash-zoo generate "Hi" --target qwen3-8b --max-new-tokens 64
       dflash-zoo generate "Hi" -t ./my-target -d ./my-drafter --json
       dflash-zoo generate "2+2=" -t qwen3-8b --temperature 0.7 --top-p 0.9 --seed 0
+      dflash-zoo generate "What is in the picture?" -t qwen3.5-9b --image cat.png
     """
     pipe = load_pipeline(target, draft, device, dtype, revision, draft_revision)
+    kw = {**gen_kwargs(params), "images": list(images) or None}
     if as_json:
-        res = pipe.generate(prompt, raw=raw, **gen_kwargs(params))
+        res = pipe.generate(prompt, raw=raw, **kw)
         emit_json(res.to_dict())
         return
-    res = pipe.generate(prompt, raw=raw, on_text=_write, **gen_kwargs(params))
+    res = pipe.generate(prompt, raw=raw, on_text=_write, **kw)
     sys.stdout.write("\n")
     print_stats(res)
 
@@ -116,7 +144,7 @@ Ctrl-C stops the current answer."""
 @click.argument("model_id", required=False)
 @model_options
 @decoding_options
-def chat(model_id, target, draft, device, dtype, revision, draft_revision, raw, **params):
+def chat(model_id, target, draft, device, dtype, revision, draft_revision, raw, images, **params):
     """Interactive multi-turn chat with speculative decoding (per-turn stats on stderr).
 
     MODEL_ID is a registry id; --target/--draft pick any pair; with neither, the embedded demo pair.
@@ -130,7 +158,7 @@ def chat(model_id, target, draft, device, dtype, revision, draft_revision, raw, 
     if model_id and not (target or draft):
         pull_missing(model_id)
     pipe = load_pipeline(target or model_id, draft, device, dtype, revision, draft_revision)
-    ChatSession(pipe, gen_kwargs(params), raw).run()
+    ChatSession(pipe, gen_kwargs(params), raw, list(images)).run()
 
 
 def pull_missing(name: str) -> None:
@@ -157,8 +185,8 @@ def pull_missing(name: str) -> None:
 class ChatSession:
     """The REPL state: messages, decoding settings, last result."""
 
-    def __init__(self, pipe, settings: dict[str, Any], raw: bool):
-        self.pipe, self.settings, self.raw = pipe, settings, raw
+    def __init__(self, pipe, settings: dict[str, Any], raw: bool, images: list[str] | None = None):
+        self.pipe, self.settings, self.raw, self.images = pipe, settings, raw, images or []
         self.messages: list[dict[str, str]] = []
         self.last = None
 
@@ -198,7 +226,14 @@ class ChatSession:
         return True
 
     def set(self, key: str, value: str) -> None:
-        casts = {"temperature": float, "top_p": float, "top_k": int, "max_new_tokens": int, "block_size": int, "seed": int}
+        casts = {
+            "temperature": float,
+            "top_p": float,
+            "top_k": int,
+            "max_new_tokens": int,
+            "block_size": int,
+            "seed": int,
+        }
         if key == "think":
             self.pipe.chat_template_kwargs["enable_thinking"] = value.lower() in ("on", "1", "true", "yes")
         elif key in casts:
@@ -217,7 +252,9 @@ class ChatSession:
 
         self.messages.append({"role": "user", "content": text})
         prompt = text if self.raw else self.messages
-        dec = self.pipe.decoder(prompt, self.raw, **self.settings)
+        if self.images:  # image prompts go through the processor: earlier turns are flattened into the text
+            prompt = "".join(f"{m['role']}: {m['content']}\n" for m in self.messages[:-1]) + text
+        dec = self.pipe.decoder(prompt, self.raw, images=self.images or None, **self.settings)
         from ..api import TextStream
 
         stream, reply = TextStream(self.pipe.tokenizer), []

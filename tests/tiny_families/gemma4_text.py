@@ -24,4 +24,6 @@ def config(common):
     import transformers
 
     kv_shared = common.pop("num_kv_shared_layers", 2)
-    return transformers.Gemma4TextConfig(**text_kwargs(common, per_layer_input=8), num_kv_shared_layers=kv_shared)
+    return transformers.Gemma4TextConfig(
+        **text_kwargs(common, per_layer_input=8), num_kv_shared_layers=kv_shared
+    )

@@ -3,7 +3,12 @@
 Tests that feed an image pass `image_token_id` (popped here) to place the image token inside the vocabulary.
 """
 
-ROPE = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [4, 2, 2], "mrope_interleaved": True}
+ROPE = {
+    "rope_type": "default",
+    "rope_theta": 5000000.0,
+    "mrope_section": [4, 2, 2],
+    "mrope_interleaved": True,
+}
 
 
 def vision_config(common):
