@@ -43,7 +43,9 @@ def _cfg(tmp_path, **kw) -> TrainConfig:
 
 
 def _acceptance(target, tok, drafter, prompts: list[Record]) -> float:
-    pipe = Pipeline(model=target, drafter=drafter.eval(), tokenizer=tok, mask_token_id=MASK, stop_token_ids=(2,))
+    pipe = Pipeline(
+        model=target, drafter=drafter.eval(), tokenizer=tok, mask_token_id=MASK, stop_token_ids=(2,)
+    )
     res = [pipe.generate(p.prompt, raw=True, max_new_tokens=32) for p in prompts]
     return sum(r.mean_acceptance_length for r in res) / len(res)
 

@@ -1,0 +1,50 @@
+"""`eval --json` schema and per-position acceptance bookkeeping (tiny random pair, CPU)."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from dflash_zoo.cli import cli
+from dflash_zoo.evaluate import per_position_acceptance
+from dflash_zoo.results import GenerationResult, StepRecord
+from tests.tiny import save_tiny_pair
+
+
+def test_per_position_acceptance_counts_proposed_slots():
+    res = GenerationResult(output_ids=[], text="", prompt_tokens=1)
+    res.steps = [StepRecord([1, 2, 3], 2, 3), StepRecord([1, 2, 3], 0, 1), StepRecord([1], 1, 2)]
+    # slot 1: accepted in steps 0 and 2 of 3; slot 2: step 0 of 2; slot 3: none of 2
+    assert per_position_acceptance([res], 4) == [2 / 3, 1 / 2, 0.0]
+
+
+def test_eval_json_schema(tmp_path):
+    target, draft = save_tiny_pair(tmp_path, block_size=4)
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"text": "def add(a, b):\\n    return a + b\\n"}\n{"prompt": "hello"}\n')
+    args = [
+        "eval",
+        "-t",
+        str(target),
+        "-d",
+        str(draft),
+        "--data",
+        str(data),
+        "-n",
+        "12",
+        "--device",
+        "cpu",
+        "--json",
+    ]
+    out = CliRunner().invoke(cli, args)
+    assert out.exit_code == 0, out.output
+    obj = json.loads(out.stdout)
+    for key in ("mean_acceptance_length", "histogram", "per_position_acceptance", "spec_tokens_per_second",
+                "ar_tokens_per_second", "speedup", "outputs_match_autoregressive"):  # fmt: skip
+        assert key in obj
+    assert obj["prompts"] == 2 and obj["block_size"] == 4
+    assert len(obj["per_position_acceptance"]) == 3
+    assert all(isinstance(k, str) for k in obj["histogram"])
+    assert sum(obj["histogram"].values()) == obj["steps"]
+    assert obj["outputs_match_autoregressive"] == 2  # greedy speculative decoding is lossless
