@@ -141,15 +141,17 @@ class Pipeline:
         self, prompt: Any, raw: bool = False, on_text: Callable[[str], None] | None = None, **kw: Any
     ) -> GenerationResult:
         """Speculative generation. `kw` are `GenerationConfig` fields (max_new_tokens, temperature, ...)."""
-        engine = None if kw.get("images") else self._fast_engine(prompt, raw, kw)
-        if engine is not None:
-            ids = self.encode(prompt, raw)
-            res = engine.speculative(ids, self.config(**kw))
-            res.text = self._decode(res.output_ids)
-            if on_text is not None and res.text:
-                on_text(res.text)
-            return res
-        dec = self.decoder(prompt, raw, **kw)
+        images = kw.pop("images", None)
+        if not images:
+            prompt = self.encode(prompt, raw)  # token ids: encoded once, for either path
+            engine = self._fast_engine(len(prompt), kw)
+            if engine is not None:
+                res = engine.speculative(prompt, self.config(**kw))
+                res.text = self._decode(res.output_ids)
+                if on_text is not None and res.text:
+                    on_text(res.text)
+                return res
+        dec = self.decoder(prompt, raw, images=images, **kw)
         stream = TextStream(self.tokenizer)
         for ids in dec:
             text = stream.push(ids)
@@ -158,7 +160,7 @@ class Pipeline:
         dec.result.text = self._decode(dec.result.output_ids)
         return dec.result
 
-    def _fast_engine(self, prompt: Any, raw: bool, kw: dict[str, Any]) -> Any:
+    def _fast_engine(self, prompt_tokens: int, kw: dict[str, Any]) -> Any:
         """The static fast path when it applies (same tokens as the eager loop), else None."""
         if self.fast is False or (self.fast is None and self.device.type != "cuda"):
             return None
@@ -173,7 +175,7 @@ class Pipeline:
             if self.fast:
                 log.warning("fast path unavailable (%s); using the eager loop", reason)
             return None
-        need = len(self.encode(prompt, raw)) + cfg.max_new_tokens
+        need = prompt_tokens + cfg.max_new_tokens
         if self._engine is None or self._engine.max_len < need:
             self._engine = FastEngine(self.adapter, self.drafter, self.mask_token_id, max(need, 2048))
         return self._engine
@@ -216,7 +218,8 @@ def _mask_id(drafter: DFlashDrafter, tokenizer: Any) -> int:
     raise ConfigError("the draft config has no mask_token_id and the tokenizer has no <|MASK|> token")
 
 
-def _load_target(source: Any, device: str, dtype: torch.dtype, revision: str | None):
+def load_target(source: Any, device: str, dtype: torch.dtype, revision: str | None) -> tuple[Any, Any]:
+    """(model, tokenizer or None) for a local dir / Hub id; an already-built model passes through."""
     if not isinstance(source, str | Path):
         return source, None
     directory = resolve_dir(source, revision, TARGET_FILES)
@@ -278,7 +281,7 @@ def load(
         raise NotFoundError(
             "no drafter given", hint="pass --draft DIR_OR_REPO, or a registry id (`dflash-zoo list`)"
         )
-    model, tok = _load_target(target, device, torch_dtype, revision)
+    model, tok = load_target(target, device, torch_dtype, revision)
     tokenizer = tokenizer if tokenizer is not None else tok
     drafter = (
         draft

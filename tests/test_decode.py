@@ -156,3 +156,11 @@ def test_stateful_cache_with_a_crop_only_adapter_is_refused():
     )
     with pytest.raises(UnsupportedModelError, match="cannot be cropped exactly"):
         list(dec)
+
+
+def test_fast_path_through_the_pipeline_equals_greedy(pair):
+    """`Pipeline(fast=True)` takes the static path (CPU here, no graphs) with the CLI's keyword set."""
+    pipe = Pipeline(model=pair[0], drafter=pair[1], mask_token_id=VOCAB - 1, fast=True)
+    res = pipe.generate(PROMPT, images=None, max_new_tokens=20)
+    assert pipe._engine is not None
+    assert res.output_ids == greedy_reference(pair[0], PROMPT, 20)

@@ -29,11 +29,11 @@ def _ids(text: str | None) -> tuple[int, ...] | None:
 
 
 def _load_target(target: str, device: str | None, dtype: str) -> tuple[Any, Any, str]:
-    from ..api import _load_target, default_device, parse_dtype
+    from ..api import default_device, load_target, parse_dtype
 
     device = device or default_device()
     with stderr().status("loading target...", spinner="dots"):
-        model, tok = _load_target(target, device, parse_dtype(dtype, device), None)
+        model, tok = load_target(target, device, parse_dtype(dtype, device), None)
     if tok is None:
         raise click.UsageError(f"{target} has no tokenizer; training and eval need one")
     return model, tok, device
