@@ -10,6 +10,7 @@ slot weights are w_k = exp(-(k-1)/gamma) for k >= 1, slot 0 unsupervised.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -50,49 +51,65 @@ def sample_anchors(
     return (torch.randperm(n, generator=gen)[: min(count, n)] + lo).sort().values
 
 
-def make_blocks(
-    ids: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_id: int, weights: torch.Tensor
-):
-    """Block inputs, labels, weights and the training `Span` for one sequence.
+@dataclass
+class Batch:
+    """A padded training batch: b sequences, n anchor slots each (rows with fewer anchors are padded)."""
 
-    ids [T]; anchors [n]. Returns block_ids [n*B], labels [n*B], w [n*B], span (q over the n*B block slots).
+    ids: torch.Tensor  # [b, T] right-padded token ids
+    lengths: torch.Tensor  # [b] real lengths
+    anchors: torch.Tensor  # [b, n] anchor positions (padding slots: 0)
+    real: torch.Tensor  # [b, n] True for drawn anchors, False for padding slots
+
+
+def make_batch(seqs: list[list[int]], anchors: list[torch.Tensor], device: Any = "cpu") -> Batch:
+    """Pad sequences and their anchor lists into one `Batch`."""
+    width, n = max(map(len, seqs)), max(1, max(len(a) for a in anchors))
+    ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=device)  # [b, T]
+    pad = torch.zeros(len(seqs), n, dtype=torch.long)
+    real = torch.zeros(len(seqs), n, dtype=torch.bool)
+    for i, a in enumerate(anchors):
+        pad[i, : len(a)], real[i, : len(a)] = a, True
+    lengths = torch.tensor([len(s) for s in seqs], device=device)
+    return Batch(ids, lengths, pad.to(device), real.to(device))
+
+
+def make_blocks(batch: Batch, block_size: int, mask_id: int, weights: torch.Tensor):
+    """Block inputs, labels, weights and the training `Span`, one row per sequence.
+
+    Returns block_ids [b, n*B], labels [b, n*B], w [b, n*B], span (q over each row's n*B block slots).
     """
-    t, b = len(ids), block_size
-    pos = anchors[:, None] + torch.arange(b, device=ids.device)  # [n, B]
-    valid = pos < t
-    labels = torch.where(valid, ids[pos.clamp(max=t - 1)], torch.zeros_like(pos))
+    ids, b = batch.ids, block_size
+    rows, t = ids.shape
+    pos = batch.anchors[..., None] + torch.arange(b, device=ids.device)  # [rows, n, B]
+    valid = (pos < batch.lengths[:, None, None]) & batch.real[..., None]
+    labels = ids.gather(1, pos.clamp(max=t - 1).flatten(1)).view_as(pos)
     block = torch.full_like(pos, mask_id)
-    block[:, 0] = ids[anchors]
-    w = weights.to(ids.device)[None, :] * valid  # [n, B]; slot 0 already 0
-    seg = torch.arange(len(anchors), device=ids.device)[:, None].expand(-1, b)
+    block[..., 0] = ids.gather(1, batch.anchors)
+    w = weights.to(ids.device) * valid  # [rows, n, B]; slot 0 already 0
+    n = pos.shape[1]
     span = Span(
-        q_pos=pos.reshape(-1),
+        q_pos=pos.flatten(1),
         ctx_pos=torch.arange(t, device=ids.device),
-        q_limit=anchors[:, None].expand(-1, b).reshape(-1),  # context keys strictly before the anchor
-        q_segment=seg.reshape(-1),  # no block sees another block
+        q_limit=batch.anchors[..., None].expand(-1, -1, b).flatten(1),  # context strictly before the anchor
+        q_segment=torch.arange(n, device=ids.device).repeat_interleave(b),  # [n*B]: no block sees another
     )
-    return block.reshape(-1), labels.reshape(-1), w.reshape(-1), span
+    return block.flatten(1), labels.flatten(1), w.flatten(1), span
 
 
 def block_loss(
-    drafter: Any,
-    adapter: Any,
-    ids: torch.Tensor,
-    feats: torch.Tensor,
-    anchors: torch.Tensor,
-    mask_id: int,
-    weights: torch.Tensor,
-):
-    """Weighted CE of one sequence's blocks. ids [T], feats [1, T, K*H]. Returns (loss, tau estimate, #tokens).
+    drafter: Any, adapter: Any, batch: Batch, feats: torch.Tensor, mask_id: int, weights: torch.Tensor
+) -> tuple[torch.Tensor, float, int]:
+    """Weighted CE over every block of a batch in one drafter call. feats [b, T, K*H].
 
-    tau estimate: 1 + the mean accepted prefix length if the argmax drafts were verified against the labels.
+    Returns (loss, tau estimate, #supervised slots); tau estimate: 1 + the mean accepted prefix length if
+    the argmax drafts were verified against the labels (real blocks only).
     """
     b = len(weights)
-    block, labels, w, span = make_blocks(ids, anchors, b, mask_id, weights)
+    block, labels, w, span = make_blocks(batch, b, mask_id, weights)
     with torch.no_grad():
-        emb = adapter.embed(block[None])  # [1, n*B, H]
+        emb = adapter.embed(block)  # [rows, n*B, H]
     dtype = next(drafter.parameters()).dtype
-    h = drafter(emb.to(dtype), feats.to(dtype), span)[0]  # [n*B, H]
+    h = drafter(emb.to(dtype), feats.to(dtype), span)  # [rows, n*B, H]
     keep = w > 0
     logits = adapter.logits(h[keep].to(emb.dtype)).float()  # [M, V]
     ce = F.cross_entropy(logits, labels[keep], reduction="none")
@@ -100,7 +117,8 @@ def block_loss(
     with torch.no_grad():
         hit = torch.zeros_like(w, dtype=torch.bool)
         hit[keep] = logits.argmax(-1) == labels[keep]
-        tau = 1 + hit.view(-1, b)[:, 1:].long().cumprod(1).sum(1).float().mean()
+        runs = 1 + hit.view(-1, b)[:, 1:].long().cumprod(1).sum(1).float()  # [rows*n]
+        tau = runs[batch.real.flatten()].mean()
     return loss, float(tau), int(keep.sum())
 
 
@@ -114,11 +132,11 @@ def lr_factor(progress: float, warmup: float) -> float:
 def target_features(
     model: Any, adapter: Any, taps: tuple[int, ...], batch: list[Example], device: Any
 ) -> list[torch.Tensor]:
-    """One right-padded target forward with taps; per sequence [1, T_i, K*H] (padding never precedes a token)."""
+    """One right-padded target forward with taps; per sequence [T_i, K*H] (padding never precedes a token)."""
     width = max(len(ex.ids) for ex in batch)
     ids = torch.tensor([list(ex.ids) + [0] * (width - len(ex.ids)) for ex in batch], device=device)  # [b, T]
     mask = torch.tensor([[1] * len(ex.ids) + [0] * (width - len(ex.ids)) for ex in batch], device=device)
     with torch.no_grad(), adapter.tap(taps) as rec:
         model(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1)
         feats = rec.take()  # [b, T, K*H]
-    return [feats[i : i + 1, : len(ex.ids)] for i, ex in enumerate(batch)]
+    return [feats[i, : len(ex.ids)] for i, ex in enumerate(batch)]

@@ -57,9 +57,10 @@ class MLP(nn.Module):
 class Span:
     """Positions and visibility of one attention call.
 
-    q_pos [N]: block-token positions. ctx_pos [C]: positions of all cached + new context tokens.
-    q_limit [N] (optional): a query sees context keys strictly below this position (training: the anchor).
-    q_segment [N] (optional): block id of each query; block keys are visible only within a segment.
+    q_pos [N] or [B, N]: block-token positions (2-D: per batch row, training). ctx_pos [C]: positions of all
+    cached + new context tokens (shared by the rows).
+    q_limit [N] / [B, N] (optional): a query sees context keys strictly below this position (training: the anchor).
+    q_segment [N] / [B, N] (optional): block id of each query; block keys are visible only within a segment.
     """
 
     q_pos: torch.Tensor
@@ -68,22 +69,26 @@ class Span:
     q_segment: torch.Tensor | None = None
 
     def mask(self, causal: bool, window: int | None) -> torch.Tensor | None:
-        """Boolean [N, C + N] (True = attend), or None when every key is visible."""
+        """Boolean [N, C + N] or [B, N, C + N] (True = attend), or None when every key is visible."""
         if not causal and window is None and self.q_limit is None and self.q_segment is None:
             return None
-        q = self.q_pos[:, None]
-        ctx_ok = torch.ones(len(self.q_pos), len(self.ctx_pos), dtype=torch.bool, device=q.device)
+        q, c = self.q_pos[..., :, None], self.ctx_pos  # [..., N, 1], [C]
+        ctx_ok = torch.ones(*q.shape[:-1], len(c), dtype=torch.bool, device=q.device)  # [..., N, C]
         if self.q_limit is not None:
-            ctx_ok = self.ctx_pos[None, :] < self.q_limit[:, None]
-        blk_ok = torch.ones(len(self.q_pos), len(self.q_pos), dtype=torch.bool, device=q.device)
+            ctx_ok = ctx_ok & (c < self.q_limit[..., :, None])
+        blk_ok = torch.ones_like(q, dtype=torch.bool)  # [..., N, 1], broadcast below
         if self.q_segment is not None:
-            blk_ok = self.q_segment[:, None] == self.q_segment[None, :]
+            blk_ok = blk_ok & (self.q_segment[..., :, None] == self.q_segment[..., None, :])
         if causal:
-            blk_ok = blk_ok & (self.q_pos[None, :] <= q)
+            blk_ok = blk_ok & (self.q_pos[..., None, :] <= q)
         if window is not None:  # HF windows include the current token: distance < window
-            ctx_ok = ctx_ok & (q - self.ctx_pos[None, :] < window)
-            blk_ok = blk_ok & (q - self.q_pos[None, :] < window)
-        return torch.cat([ctx_ok, blk_ok], dim=1)
+            ctx_ok = ctx_ok & (q - c < window)
+            blk_ok = blk_ok & (q - self.q_pos[..., None, :] < window)
+        n = self.q_pos.shape[-1]
+        lead = torch.broadcast_shapes(ctx_ok.shape[:-2], blk_ok.shape[:-2])
+        ctx_ok = ctx_ok.expand(*lead, n, len(c))
+        blk_ok = blk_ok.expand(*lead, n, n)
+        return torch.cat([ctx_ok, blk_ok], dim=-1)
 
 
 class Attention(nn.Module):
@@ -129,7 +134,7 @@ class Attention(nn.Module):
             q,
             k,
             v,
-            attn_mask=None if mask is None else mask[None, None],
+            attn_mask=None if mask is None else mask.unsqueeze(-3),  # [1 or B, 1, N, C + N]
             enable_gqa=self.heads != self.kv_heads,
         )  # [B, heads, N, hd]
         out = self.o_proj(out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))
@@ -191,7 +196,9 @@ class DFlashDrafter(nn.Module):
         """
         ctx = self.hidden_norm(self.fc(target_hidden))  # [B, C_new, H]
         dtype = noise_embedding.dtype
-        rope_q = self.rotary_emb(span.q_pos, dtype)
+        rope_q = self.rotary_emb(span.q_pos, dtype)  # [N, rot] or [B, N, rot]
+        if span.q_pos.dim() == 2:  # per-row positions: broadcast over heads
+            rope_q = tuple(t.unsqueeze(1) for t in rope_q)
         rope_ctx = self.rotary_emb(span.ctx_pos[len(span.ctx_pos) - ctx.shape[1] :], dtype)
         x = noise_embedding
         new_layers = []

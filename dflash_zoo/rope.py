@@ -81,8 +81,8 @@ class RotaryEmbedding(torch.nn.Module):
 
     @torch.no_grad()
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T] (int) -> cos, sin [T, rot_dim] in `dtype`."""
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, rot_dim/2]
+        """positions [..., T] (int) -> cos, sin [..., T, rot_dim] in `dtype`."""
+        freqs = positions.float()[..., None] * self.inv_freq  # [..., T, rot_dim/2]
         emb = torch.cat([freqs, freqs], dim=-1)
         return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
 
@@ -93,7 +93,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, heads, T, hd]; cos/sin [T, rot]. Only the first `rot` dims rotate (partial rotary)."""
+    """x [B, heads, T, hd]; cos/sin [T, rot] or [B, 1, T, rot]. Only the first `rot` dims rotate (partial rotary)."""
     rot = cos.shape[-1]
     x_rot, x_pass = x[..., :rot], x[..., rot:]
     out = x_rot * cos + rotate_half(x_rot) * sin

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from rich.progress import Progress, TextColumn
 
-from .blocks import block_loss, loss_weights, lr_factor, sample_anchors, target_features
+from .blocks import block_loss, loss_weights, lr_factor, make_batch, sample_anchors, target_features
 from .checkpoint import load_drafter, save_drafter
 from .config import DraftConfig, default_target_layer_ids, normalize_draft_config
 from .data import Example
@@ -41,6 +41,7 @@ from .errors import ConfigError
 
 log = logging.getLogger("dflash_zoo")
 STATE_FILE = "trainer_state.pt"
+MAX_SLOTS = 16384  # block slots (queries) per drafter call
 
 
 @dataclass(frozen=True)
@@ -210,18 +211,16 @@ class _Trainer:
         return order[offset * bs : (offset + 1) * bs].tolist() or order[:bs].tolist()
 
     def features(self, idx: list[int]) -> list[torch.Tensor]:
+        """Tapped target features per sequence, [T_i, K*H] each (cached when `cache_features`)."""
         exs = [self.shard[i] for i in idx]
         if self.cfg.no_target_features:  # fc is frozen at zero: the features' values cannot matter
             width = self.dcfg.num_taps * self.dcfg.hidden_size
-            return [torch.zeros(1, len(ex.ids), width, device=self.device) for ex in exs]
+            return [torch.zeros(len(ex.ids), width, device=self.device) for ex in exs]
         todo = [i for i in idx if i not in self.feat_cache]
         if todo:
+            taps = self.dcfg.target_layer_ids
             feats = target_features(
-                self.model,
-                self.adapter,
-                self.dcfg.target_layer_ids,
-                [self.shard[i] for i in todo],
-                self.device,
+                self.model, self.adapter, taps, [self.shard[i] for i in todo], self.device
             )
             if not self.cfg.cache_features:
                 return feats  # nothing cached: todo == idx
@@ -229,35 +228,37 @@ class _Trainer:
         return [self.feat_cache[i] for i in idx]
 
     def step(self, step: int, progress: float) -> tuple[float, float, int]:
-        """One optimizer step over `batch_size` sequences (gradients accumulated per sequence)."""
+        """One optimizer step over `batch_size` sequences: all their blocks in as few drafter calls as fit."""
         for group in self.opt.param_groups:
             group["lr"] = self.cfg.lr * lr_factor(progress, self.cfg.warmup_ratio)
         idx = self.batch(step)
-        feats = self.features(idx)
+        exs, feats = [self.shard[i] for i in idx], self.features(idx)
+        b = self.dcfg.block_size
+        anchors = [
+            sample_anchors(
+                len(ex.ids), ex.start, b, self.cfg.anchors_per_seq, self.cfg.uniform_blocks, self.gen
+            )
+            for ex in exs
+        ]
+        # rows per drafter call: keep the block slots of one call under MAX_SLOTS (bounds mask + activations)
+        per_call = max(1, MAX_SLOTS // (b * max(1, max(len(a) for a in anchors))))
+        chunks = [range(i, min(i + per_call, len(idx))) for i in range(0, len(idx), per_call)]
         self.opt.zero_grad(set_to_none=True)
-        losses, taus, ntok = [], [], 0
-        mask_id = self.dcfg.mask_token_id
-        for j, (i, f) in enumerate(zip(idx, feats, strict=True)):
-            ex = self.shard[i]
-            ids = torch.tensor(ex.ids, device=self.device)
-            anchors = sample_anchors(
-                len(ids),
-                ex.start,
-                self.dcfg.block_size,
-                self.cfg.anchors_per_seq,
-                self.cfg.uniform_blocks,
-                self.gen,
-            ).to(self.device)
-            sync = self.world == 1 or j == len(idx) - 1
-            ctx = contextlib.nullcontext() if sync else self.drafter.no_sync()
-            with ctx, self.autocast:
-                loss, tau, n = block_loss(self.drafter, self.adapter, ids, f, anchors, mask_id, self.weights)
-                (loss / len(idx)).backward()
-            losses.append(float(loss.detach())), taus.append(tau)
-            ntok += len(ids)
+        loss_sum, tau_sum = 0.0, 0.0
+        for j, rows in enumerate(chunks):
+            batch = make_batch([list(exs[i].ids) for i in rows], [anchors[i] for i in rows], self.device)
+            f = torch.nn.utils.rnn.pad_sequence([feats[i] for i in rows], batch_first=True)  # [r, T, K*H]
+            sync = self.world == 1 or j == len(chunks) - 1
+            with contextlib.nullcontext() if sync else self.drafter.no_sync(), self.autocast:
+                loss, tau, _ = block_loss(
+                    self.drafter, self.adapter, batch, f, self.dcfg.mask_token_id, self.weights
+                )
+                (loss * len(rows) / len(idx)).backward()  # chunks weighted by their share of sequences
+            loss_sum += float(loss.detach()) * len(rows)
+            tau_sum += tau * len(rows)
         torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip)
         self.opt.step()
-        return sum(losses) / len(losses), sum(taus) / len(taus), ntok
+        return loss_sum / len(idx), tau_sum / len(idx), sum(len(ex.ids) for ex in exs)
 
 
 def train(

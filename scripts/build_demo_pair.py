@@ -9,12 +9,15 @@ Stages (each cached in --work, so `--stage prep` can run on a CPU box and the re
           template as "continue this code" turns so chat-mode prompts work); saved in bf16.
   draft:  `python -m dflash_zoo train --regenerate` (the CLI's own code path): the target continues code
           prefixes (raw) and chat prompts, greedy; the drafter learns those responses. With --ablations the
-          docs/ablations.md variants train in parallel processes on the same regenerated data.
+          docs/ablations.md variants train in parallel processes on the same regenerated data (on
+          --ablation-device when given, e.g. the second GPU). `--stage draft` reruns only this stage and eval
+          for the target already in --out.
   eval:   `python -m dflash_zoo eval --json` on held-out stdlib files (greedy, block 16).
 Outputs land in --out: target/, draft/, PROVENANCE.md, results.json (and ablations.json).
 
     python scripts/build_demo_pair.py --stage prep                    # CPU: corpus + tokenizer
     python scripts/build_demo_pair.py --ablations --out $OUT/demo     # GPU: the rest
+    python scripts/build_demo_pair.py --stage draft --ablations --ablation-device cuda:1 --out dflash_zoo/demo
     python scripts/build_demo_pair.py --tiny --out /tmp/demo          # CPU smoke test, all stages
 """
 
@@ -40,9 +43,11 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 FULL = dict(vocab=8192, hidden=256, layers=6, inter=768, heads=4, kv=2, seq=512, batch=64, lr=2e-3,
-            target_s=140, draft_s=150, abl_s=100, draft_layers=3, n_text=3000, n_chat=1000, eval_n=30)  # fmt: skip
+            target_s=140, draft_s=330, abl_s=300, draft_layers=3, n_text=6000, n_chat=2000, eval_n=30,
+            draft_batch=64, anchors=48, regen_batch=4096)  # fmt: skip
 TINY = dict(vocab=600, hidden=64, layers=4, inter=128, heads=4, kv=2, seq=128, batch=8, lr=3e-3,
-            target_s=20, draft_s=20, abl_s=10, draft_layers=2, n_text=24, n_chat=8, eval_n=3)  # fmt: skip
+            target_s=20, draft_s=20, abl_s=10, draft_layers=2, n_text=24, n_chat=8, eval_n=3,
+            draft_batch=8, anchors=16, regen_batch=64)  # fmt: skip
 T0 = time.time()
 
 
@@ -105,6 +110,15 @@ def prep(work: Path, hp: dict, tiny: bool) -> None:
     }
     (work / "corpus.json").write_text(json.dumps({**meta, "train": train}, indent=1))
     say(f"prep: {len(train)} train files, {len(held)} held out, {len(ids):,} tokens, vocab {len(fast)}")
+
+
+def corpus_lists(work: Path) -> None:
+    """corpus.json with the train / held-out file lists only (what `--stage draft` needs, no tokenizer)."""
+    if (work / "corpus.json").is_file():
+        return
+    root, train, held = corpus_files()
+    meta = {"stdlib": str(root), "python": platform.python_version(), "held_out": held, "train": train}
+    (work / "corpus.json").write_text(json.dumps(meta, indent=1))
 
 
 def chat_wrap(tok, chunk: list[int], rng: random.Random) -> list[int]:
@@ -212,8 +226,9 @@ def train_cmd(
     target: Path, data: Path, out: Path, hp: dict, device: str, seconds: float, extra: list[str]
 ) -> list[str]:
     return [sys.executable, "-m", "dflash_zoo", "train", "--target", str(target), "--data", str(data), "--out", str(out),
-            "--regenerate", "--max-new-tokens", str(hp.get("regen_tokens", 256)), "--regen-batch-size", "1024",
-            "--draft-layers", str(hp["draft_layers"]), "--batch-size", "16", "--epochs", "100",
+            "--regenerate", "--max-new-tokens", str(hp.get("regen_tokens", 256)), "--regen-batch-size", str(hp["regen_batch"]),
+            "--draft-layers", str(hp["draft_layers"]), "--batch-size", str(hp["draft_batch"]),
+            "--anchors-per-seq", str(hp["anchors"]), "--epochs", "1000",
             "--time-budget", str(seconds), "--device", device, "--seed", "0", "--json", *extra]  # fmt: skip
 
 
@@ -241,7 +256,9 @@ def run_all(cmds: dict[str, list[str]], env: dict, logdir: Path) -> dict[str, di
     return out
 
 
-def drafters(work: Path, out: Path, hp: dict, device: str, ablations: bool, data: Path) -> tuple[dict, dict]:
+def drafters(
+    work: Path, out: Path, hp: dict, device: str, abl_device: str, ablations: bool, data: Path
+) -> tuple[dict, dict]:
     """Main drafter (+ ablations in parallel once the regenerated data is cached)."""
     env = {**os.environ, "DFLASH_ZOO_HOME": str(work / "home"), "PYTHONUNBUFFERED": "1"}
     target, runs = out / "target", work / "runs"
@@ -252,7 +269,7 @@ def drafters(work: Path, out: Path, hp: dict, device: str, ablations: bool, data
     cmds = {"main": train_cmd(target, data, runs / "main", hp, device, hp["draft_s"], [])}
     if ablations:
         cmds |= {
-            n: train_cmd(target, data, runs / n, hp, device, hp["abl_s"], f) for n, f in VARIANTS.items()
+            n: train_cmd(target, data, runs / n, hp, abl_device, hp["abl_s"], f) for n, f in VARIANTS.items()
         }
     res = run_all(cmds, env, runs)
     res["regen"] = first["regen"]
@@ -262,9 +279,14 @@ def drafters(work: Path, out: Path, hp: dict, device: str, ablations: bool, data
     return res, env
 
 
-def evaluate_all(work: Path, out: Path, held: Path, device: str, names: list[str], env: dict) -> dict:
-    cmds = {"main": eval_cmd(out / "target", out / "draft", held, device, ["--no-baseline"])}
-    cmds |= {n: eval_cmd(out / "target", work / "runs" / n, held, device, ["--no-baseline"]) for n in names}
+def evaluate_all(
+    work: Path, out: Path, held: Path, device: str, abl_device: str, names: list[str], env: dict
+) -> dict:
+    """Held-out eval of the main drafter (with the autoregressive baseline) and of each ablation."""
+    cmds = {"main": eval_cmd(out / "target", out / "draft", held, device, [])}
+    cmds |= {
+        n: eval_cmd(out / "target", work / "runs" / n, held, abl_device, ["--no-baseline"]) for n in names
+    }
     res = run_all({f"eval-{k}": v for k, v in cmds.items()}, env, work / "runs")
     return {k.removeprefix("eval-"): v for k, v in res.items()}
 
@@ -304,12 +326,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, default=Path("build/demo"))
     ap.add_argument("--out", type=Path, default=Path("dflash_zoo/demo"))
-    ap.add_argument("--stage", choices=["prep", "all"], default="all")
+    ap.add_argument("--stage", choices=["prep", "all", "draft"], default="all")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test at toy scale.")
     ap.add_argument(
         "--ablations", action="store_true", help="Also train and evaluate the docs/ablations.md variants."
     )
     ap.add_argument("--device", default=None)
+    ap.add_argument(
+        "--ablation-device", default=None, help="Device for the ablation runs (default: --device)."
+    )
     ap.add_argument("--scale", type=float, default=1.0, help="Multiply every time budget.")
     args = ap.parse_args()
     import torch
@@ -320,20 +345,27 @@ def main() -> None:
     if args.tiny:
         hp["regen_tokens"] = 48
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    abl_device = args.ablation_device or device
     args.work.mkdir(parents=True, exist_ok=True)
-    prep(args.work, hp, args.tiny)
+    if args.stage == "draft":
+        corpus_lists(args.work)
+    else:
+        prep(args.work, hp, args.tiny)
     if args.stage == "prep":
         return
     args.out.mkdir(parents=True, exist_ok=True)
     data, held = write_data(args.work, hp)
-    info = {"target": train_target(args.work, args.out, hp, device), "hardware": hardware(device)}
-    info["drafters"], env = drafters(args.work, args.out, hp, device, args.ablations, data)
-    info["eval"] = evaluate_all(
-        args.work, args.out, held, device, list(VARIANTS) if args.ablations else [], env
-    )
+    info = {"hardware": hardware(device)}
+    if args.stage == "all":
+        info["target"] = train_target(args.work, args.out, hp, device)
+    info["drafters"], env = drafters(args.work, args.out, hp, device, abl_device, args.ablations, data)
+    names = list(VARIANTS) if args.ablations else []
+    info["eval"] = evaluate_all(args.work, args.out, held, device, abl_device, names, env)
     info["wall_seconds"] = time.time() - T0
-    (args.out / "results.json").write_text(json.dumps({"hp": hp, **info}, indent=1, default=str))
-    provenance(args.out, args.work, hp, info)
+    results = args.work / "results.json" if args.stage == "draft" else args.out / "results.json"
+    results.write_text(json.dumps({"hp": hp, **info}, indent=1, default=str))
+    if args.stage == "all":
+        provenance(args.out, args.work, hp, info)
     say("done")
 
 

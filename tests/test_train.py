@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from dflash_zoo.adapters import get_adapter
 
 from dflash_zoo.api import Pipeline
-from dflash_zoo.blocks import default_gamma, loss_weights, make_blocks, sample_anchors
+from dflash_zoo.blocks import block_loss, default_gamma, loss_weights, make_batch, make_blocks, sample_anchors
 from dflash_zoo.checkpoint import load_drafter
 from dflash_zoo.data import DataError, Record, read_jsonl, regenerate
 from dflash_zoo.train import STATE_FILE, TrainConfig, build_draft_config, new_drafter, train
@@ -111,19 +112,49 @@ def test_anchors_stay_in_supervised_range():
 
 
 def test_training_mask_hides_other_blocks_and_own_context():
-    ids = torch.arange(10, 20)  # T = 10
+    ids = list(range(10, 20))  # T = 10
     anchors = torch.tensor([2, 6])
-    block, labels, w, span = make_blocks(ids, anchors, 3, MASK, loss_weights(3))
-    assert block.tolist() == [12, MASK, MASK, 16, MASK, MASK]
-    assert labels.tolist() == [12, 13, 14, 16, 17, 18]
-    mask = span.mask(causal=False, window=None)  # [6, 10 + 6]
+    block, labels, w, span = make_blocks(make_batch([ids], [anchors]), 3, MASK, loss_weights(3))
+    assert block.tolist() == [[12, MASK, MASK, 16, MASK, MASK]]
+    assert labels.tolist() == [[12, 13, 14, 16, 17, 18]]
+    mask = span.mask(causal=False, window=None)[0]  # [6, 10 + 6]
     ctx, blk = mask[:, :10], mask[:, 10:]
     for q in range(6):
         anchor = int(anchors[q // 3])
         assert ctx[q].tolist() == [k < anchor for k in range(10)]  # strictly before the anchor
         assert blk[q].tolist() == [k // 3 == q // 3 for k in range(6)]  # own block only, bidirectional
-    causal = span.mask(causal=True, window=None)[:, 10:]
+    causal = span.mask(causal=True, window=None)[0, :, 10:]
     assert causal[0].tolist() == [True, False, False, False, False, False]
+
+
+def test_padded_batch_loss_equals_per_sequence_losses(setup):
+    """Rows of different lengths and anchor counts: padding changes nothing (fp32, one call vs one per row)."""
+    target, tok, _ = setup
+    cfg = _cfg(Path("unused"))
+    drafter = new_drafter(build_draft_config(target, tok, cfg), cfg, None, "cpu")
+    adapter, w = get_adapter("qwen3")(target), loss_weights(8)
+    seqs = [list(range(3, 30)), list(range(5, 17))]
+    anchors = [torch.tensor([1, 4, 9, 20]), torch.tensor([0, 7])]
+    feats = [
+        torch.randn(len(s), drafter.fc.in_features, generator=torch.Generator().manual_seed(i))
+        for i, s in enumerate(seqs)
+    ]
+    batch = make_batch(seqs, anchors)
+    padded = torch.nn.utils.rnn.pad_sequence(feats, batch_first=True)
+    _, _, wb, _ = make_blocks(batch, 8, MASK, w)
+    assert wb[1, 16:].sum() == 0  # the second row's two padding blocks are unsupervised
+    both, _, n = block_loss(drafter, adapter, batch, padded, MASK, w)
+    parts = [
+        block_loss(drafter, adapter, make_batch([s], [a]), f[None], MASK, w)
+        for s, a, f in zip(seqs, anchors, feats, strict=True)
+    ]
+    weight = [
+        float(make_blocks(make_batch([s], [a]), 8, MASK, w)[2].sum())
+        for s, a in zip(seqs, anchors, strict=True)
+    ]
+    expect = sum(p[0] * wt for p, wt in zip(parts, weight, strict=True)) / sum(weight)  # one weighted mean
+    assert n == sum(p[2] for p in parts)
+    torch.testing.assert_close(both, expect, rtol=1e-5, atol=1e-6)
 
 
 def test_bad_data_line_names_the_line(tmp_path):
