@@ -62,7 +62,8 @@ class TapRecorder:
         missing = [i for i in self.layer_ids if i not in self._buf]
         if missing:
             raise RuntimeError(f"tapped layers {missing} produced no output in the last forward")
-        feats = torch.cat([self._buf[i] for i in self.layer_ids], dim=-1)  # [B, T, K*H]
+        dev = self._buf[self.layer_ids[-1]].device  # target split across devices: gather on one
+        feats = torch.cat([self._buf[i].to(dev) for i in self.layer_ids], dim=-1)  # [B, T, K*H]
         self._buf.clear()
         return feats
 

@@ -84,6 +84,7 @@ class Pipeline:
     mask_token_id: int = 0
     adapter: Any = None
     fast: bool | None = None  # static-cache CUDA-graph path: None = auto (CUDA, greedy, supported family)
+    placement: Any = None  # a `placement.Placement` when the target is split across devices (eager loop only)
     processor_source: str | None = None  # where AutoProcessor loads from, for image prompts
     _engine: Any = field(default=None, repr=False)
 
@@ -164,6 +165,10 @@ class Pipeline:
         """The static fast path when it applies (same tokens as the eager loop), else None."""
         if self.fast is False or (self.fast is None and self.device.type != "cuda"):
             return None
+        if self.placement is not None:  # CUDA graphs and static caches need the whole target on one device
+            if self.fast:
+                log.warning("fast path unavailable (target split across devices); using the eager loop")
+            return None
         from .fast import FastEngine
         from .static import unsupported_reason
 
@@ -190,8 +195,17 @@ class Pipeline:
                 yield text
 
     def generate_autoregressive(self, prompt: Any, raw: bool = False, **kw: Any) -> GenerationResult:
-        """The target alone, one token per forward (the baseline for speedups)."""
-        res = autoregressive_generate(self.adapter, self.encode(prompt, raw), self.config(**kw), self.device)
+        """The target alone, one token per forward (the baseline for speedups).
+
+        Runs on the same path `generate` would take (the fast engine's static target when it applies), so a
+        speedup compares DFlash with autoregressive decoding on equal footing.
+        """
+        ids, cfg = self.encode(prompt, raw), self.config(**kw)
+        engine = self._fast_engine(len(ids), kw)
+        if engine is not None:
+            res = engine.autoregressive(ids, cfg)
+        else:
+            res = autoregressive_generate(self.adapter, ids, cfg, self.device)
         res.text = self._decode(res.output_ids)
         return res
 
@@ -219,7 +233,12 @@ def _mask_id(drafter: DFlashDrafter, tokenizer: Any) -> int:
 
 
 def load_target(source: Any, device: str, dtype: torch.dtype, revision: str | None) -> tuple[Any, Any]:
-    """(model, tokenizer or None) for a local dir / Hub id; an already-built model passes through."""
+    """(model, tokenizer or None) for a local dir / Hub id; an already-built model passes through.
+
+    For a target split across GPUs, `load` passes device="cpu" and places it afterwards: transformers 5.x
+    needs accelerate for any `from_pretrained(device_map=...)`, so the checkpoint is read into host RAM
+    (about its size on disk in the chosen dtype) and moved one module at a time (placement.py).
+    """
     if not isinstance(source, str | Path):
         return source, None
     directory = resolve_dir(source, revision, TARGET_FILES)
@@ -257,6 +276,7 @@ def load(
     tokenizer: Any = None,
     revision: str | None = None,
     draft_revision: str | None = None,
+    device_map: str | list[str] | None = None,
 ) -> Pipeline:
     """Load a target + drafter pair and check that they fit.
 
@@ -264,11 +284,14 @@ def load(
         target: local dir, Hub id, registry slug, or a loaded transformers model. None: the embedded demo pair.
         draft: local dir, Hub id or `DFlashDrafter`; None: the registry's drafter for `target`.
         device / dtype: default cuda + bf16 when available, else cpu + fp32.
+        device_map: split the target over devices: "auto" (all visible GPUs), "cuda:0,cuda:1" or a list.
+            Layers are balanced by bytes; the drafter joins the LM head on the last device; eager loop only.
     Returns:
         A `Pipeline` with `generate`, `stream` and `generate_autoregressive`.
     """
-    device = device or default_device()
-    torch_dtype = parse_dtype(dtype, device)
+    device, devices = _devices(device_map, device)
+    torch_dtype = parse_dtype(dtype, devices[0] if devices else device)
+    device = "cpu" if devices else device  # a split target is loaded on the CPU first, then placed
     chat_kwargs: dict[str, Any] = {}
     if target is None and draft is None:
         target, draft = demo.target_dir(), demo.draft_dir()
@@ -290,6 +313,7 @@ def load(
     )
     check_pair(model, drafter)
     adapter = get_adapter(model.config.model_type)(model)
+    placement = _place(adapter, drafter, devices) if devices else None
     return Pipeline(
         model=model,
         drafter=drafter,
@@ -299,7 +323,34 @@ def load(
         chat_template_kwargs={**adapter.chat_template_kwargs, **chat_kwargs},
         mask_token_id=_mask_id(drafter, tokenizer),
         adapter=adapter,
+        placement=placement,
     )
+
+
+def _devices(device_map: str | list[str] | None, device: str | None) -> tuple[str, list[str] | None]:
+    """(device, device slots of a split target or None); a map naming one device is a plain one-device run."""
+    if device_map is None:
+        return device or default_device(), None
+    if device is not None:
+        raise ConfigError("pass either a device or a device map, not both", hint="drop --device")
+    from .placement import parse_devices
+
+    devices = parse_devices(device_map)
+    if len(devices) == 1:
+        log.info("device map names one device (%s): no placement", devices[0])
+        return devices[0], None
+    return devices[0], devices
+
+
+def _place(adapter: Any, drafter: DFlashDrafter, devices: list[str]) -> Any:
+    """Split the target over `devices` (the drafter's bytes planned on the head's device), then move the drafter."""
+    from .placement import apply_placement, module_bytes, plan_placement
+
+    plan = plan_placement(adapter, devices, reserve_bytes=module_bytes(drafter))
+    placement = apply_placement(adapter.model, adapter, plan)
+    placement.attach_drafter(drafter)
+    log.info("fast path off: the target spans %d devices (CUDA graphs need one); eager loop", len(devices))
+    return placement
 
 
 def locked_revision(entry: Any) -> str:

@@ -75,7 +75,8 @@ class BenchOptions:
     block_size: int | None = None
     warmup: int = 1
     repeats: int = 3
-    graphs: bool | None = None  # --compile: CUDA graphs on the fast path (None: on for CUDA)
+    graphs: bool | None = None  # --graphs: CUDA graphs on the fast path (None: on for CUDA)
+    compile: bool = False  # --compile: torch.compile the fast path's steps (compile time reported apart)
     paths: tuple[str, ...] = ("fast",)
     what_if_acceptance: float | None = None
     seed: int = 0
@@ -224,7 +225,7 @@ def _measure(fn: Callable[[], GenerationResult], opts: BenchOptions, device: tor
 
 
 def _runners(path: str, sub: Subject, cfg: GenerationConfig, override, max_len: int, opts: BenchOptions):
-    """(autoregressive, dflash) callables for one path."""
+    """(autoregressive, dflash) callables for one path, and its FastEngine (None for eager)."""
     if path == "eager":
         dev = next(sub.drafter.parameters()).device
 
@@ -234,11 +235,23 @@ def _runners(path: str, sub: Subject, cfg: GenerationConfig, override, max_len: 
                 pass
             return dec.result
 
-        return (lambda: autoregressive_generate(sub.adapter, sub.prompt, cfg, dev)), spec
+        return (lambda: autoregressive_generate(sub.adapter, sub.prompt, cfg, dev)), spec, None
     from .fast import FastEngine
 
-    eng = FastEngine(sub.adapter, sub.drafter, sub.mask_token_id, max_len, opts.graphs, cfg.block_size)
-    return (lambda: eng.autoregressive(sub.prompt, cfg)), (lambda: eng.speculative(sub.prompt, cfg, override))
+    eng = FastEngine(
+        sub.adapter,
+        sub.drafter,
+        sub.mask_token_id,
+        max_len,
+        opts.graphs,
+        cfg.block_size,
+        compile=opts.compile,
+    )
+    ar, spec = (
+        (lambda: eng.autoregressive(sub.prompt, cfg)),
+        (lambda: eng.speculative(sub.prompt, cfg, override)),
+    )
+    return ar, spec, eng
 
 
 def run_bench(sub: Subject, opts: BenchOptions, argv: list[str] | None = None) -> dict[str, Any]:
@@ -255,13 +268,16 @@ def run_bench(sub: Subject, opts: BenchOptions, argv: list[str] | None = None) -
     results: dict[str, Any] = {}
     for path in opts.paths:
         log.info("bench: %s path", path)
-        ar_fn, spec_fn = _runners(path, sub, cfg, override, len(sub.prompt) + new_tokens, opts)
+        ar_fn, spec_fn, eng = _runners(path, sub, cfg, override, len(sub.prompt) + new_tokens, opts)
         ar, spec = _measure(ar_fn, opts, device), _measure(spec_fn, opts, device)
         benchmeta.add_roofline(ar, spec, wbytes, bw)
         results[path] = {
             "autoregressive": ar,
             "dflash": spec,
             "speedup": spec["tokens_per_second"] / max(ar["tokens_per_second"], 1e-9),
+            # one-off costs, paid in the warm-up runs (not in tok/s when warmup >= 1); None for eager
+            "compile_seconds": eng.compile_seconds if eng else None,
+            "capture_seconds": eng.capture_seconds if eng else None,
         }
     return {
         "schema": SCHEMA,

@@ -11,6 +11,9 @@ What differs from the eager loop (`decode.SpeculativeDecoder`), and why:
   once per step (the only sync); taps are written straight into one [1, B, K*H] buffer;
 - the drafter always sees the full B verified rows; only the first na + 1 get valid positions below the new
   context length, the rest are masked and overwritten (no variable shapes).
+- fewer kernels per step (static.py): fused q/k/v and gate/up weights, `F.rms_norm`, and optionally
+  `torch.compile` (inductor, no cudagraphs) of the two step functions before capture; compile time is kept
+  apart from capture time and from throughput (`compile_seconds`, `capture_seconds`).
 Scope: greedy decoding, batch 1, dense full-attention targets whose adapter sets `static_qk_norm`. Everything else uses decode.py.
 On CPU the same static path runs without graphs; tests compare it token for token with decode.py (fp32).
 """
@@ -37,6 +40,11 @@ class FastEngine:
         max_len: longest prompt + new tokens this engine will see (a block of slack is added).
         graphs: capture CUDA graphs (default: on for CUDA). False runs the same static steps eagerly.
         block_size: verify block (default and maximum: the drafter's trained block size).
+        fuse: one GEMM for q/k/v and one for gate/up; the modules' weights become views of the fused
+            tensors (no extra memory; the HF forward and the drafter's checkpoint names are unchanged).
+        fast_norm: RMSNorm through `F.rms_norm` (same numerics as HF's formula; fewer kernels).
+        compile: `torch.compile` the two step functions (inductor, `compile_mode`, no dynamic shapes);
+            graphs are still captured here, so modes with their own cudagraphs ("reduce-overhead") do not fit.
     """
 
     def __init__(
@@ -47,6 +55,10 @@ class FastEngine:
         max_len: int,
         graphs: bool | None = None,
         block_size: int | None = None,
+        fuse: bool = True,
+        fast_norm: bool = True,
+        compile: bool = False,  # shadows the builtin in __init__ only: the public name of the flag
+        compile_mode: str = "default",
     ):
         reason = unsupported_reason(adapter)
         if reason:
@@ -57,8 +69,8 @@ class FastEngine:
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         size = -(-(max_len + 2 * self.block) // 64) * 64  # multiple of 64: aligned rows for the masked kernel
         self.max_len, self.size = max_len, size
-        self.target = StaticTarget(adapter, size, drafter.cfg.target_layer_ids)
-        self.sdraft = StaticDrafter(drafter, size)
+        self.target = StaticTarget(adapter, size, drafter.cfg.target_layer_ids, fuse, fast_norm)
+        self.sdraft = StaticDrafter(drafter, size, fuse, fast_norm)
         dev, b = self.device, self.block
         self.pos = torch.zeros((), dtype=torch.long, device=dev)  # committed tokens in the target cache
         self.bonus = torch.zeros(1, dtype=torch.long, device=dev)  # last committed token, not yet verified
@@ -68,7 +80,12 @@ class FastEngine:
         self.vtaps = torch.zeros(1, b, width, device=dev, dtype=self.target.k[0].dtype)
         self.out = torch.zeros(b + 1, dtype=torch.long, device=dev)  # [na, drafts (b-1), next]
         self._graph: dict[str, Any] = {}
-        self.capture_seconds = 0.0
+        self._steps = {"spec": self._spec_step, "ar": self._ar_step}
+        if compile:  # compiled lazily on the first call (`_warm`), which is timed as compile_seconds
+            opts = dict(mode=compile_mode, fullgraph=False, dynamic=False)
+            self._steps = {name: torch.compile(fn, **opts) for name, fn in self._steps.items()}
+        self.compile, self._warmed = compile, set()
+        self.capture_seconds = self.compile_seconds = 0.0
 
     # ---- the fixed-shape steps ---------------------------------------------------------------
     def _spec_step(self) -> None:
@@ -96,13 +113,26 @@ class FastEngine:
         self.pos.add_(1)
 
     def _run_step(self, name: str) -> None:
-        fn = self._spec_step if name == "spec" else self._ar_step
+        fn = self._steps[name]
+        if self.compile and name not in self._warmed:
+            self._warm(fn)
+            self._warmed.add(name)
         if not self.graphs:
             fn()
         else:
             if name not in self._graph:
                 self._graph[name] = self._capture(fn)
             self._graph[name].replay()
+
+    def _warm(self, fn) -> None:
+        """First call of a compiled step (this is when it compiles), state restored after; timed on its own."""
+        t0 = time.perf_counter()
+        saved = (self.pos.clone(), self.bonus.clone())
+        fn()  # K/V rows it writes lie at or past pos: scratch that the real step overwrites
+        self.pos.copy_(saved[0]), self.bonus.copy_(saved[1])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.compile_seconds += time.perf_counter() - t0
 
     def _capture(self, fn) -> Any:
         """Warm up on a side stream (state restored after each call), then capture one step."""

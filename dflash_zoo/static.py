@@ -6,6 +6,12 @@
 - `StaticDrafter`: the DFlash drafter (drafter.py modules) over a static context K/V buffer; the block's own
   K/V are written as scratch rows just past the context, so nothing is concatenated per step.
 Every shape is fixed for a given block, so a step can be captured in a CUDA graph (fast.py).
+
+Fewer kernels per layer (each costs ~2.5 us inside a graph, docs/perf-notes.md):
+- `fuse=True`: q/k/v and gate/up run as one GEMM each over row-concatenated weights (`FusedLinear`); the
+  modules' own weights become views into the fused tensor, so memory does not grow and HF's forward still works;
+- `fast_norm=True`: RMSNorm as `weight * F.rms_norm(x)`: bit-identical to HF's Qwen3/Llama RMSNorm on CPU in
+  fp32 and bf16 (the weight multiply stays outside, in the input dtype, as HF does), in 2 kernels instead of ~7.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from .results import GenerationConfig
 from .rope import apply_rotary
@@ -31,32 +38,116 @@ def unsupported_reason(adapter: Any, cfg: GenerationConfig | None = None) -> str
     return None
 
 
-def _grouped_sdpa(q, k, v, mask, scale: float) -> torch.Tensor:
-    """q [1, h, T, d]; k, v [1, kvh, S, d]; mask [T, S] bool -> [1, T, h*d].
+# ---- fused projections -------------------------------------------------------------------------------
+def _back_to_back(parts: list[torch.Tensor]) -> bool:
+    """Whether `parts` already lie contiguously, in order, in one storage (an earlier fuse): a view covers them."""
+    ptr, offset = parts[0].untyped_storage().data_ptr(), parts[0].storage_offset()
+    for p in parts:
+        if not p.is_contiguous() or p.untyped_storage().data_ptr() != ptr or p.storage_offset() != offset:
+            return False
+        offset += p.numel()
+    return True
+
+
+def _fuse_param(linears: list[nn.Linear], name: str) -> torch.Tensor | None:
+    parts = [getattr(m, name) for m in linears]  # name: "weight" or "bias"
+    if parts[0] is None:
+        return None
+    rows = sum(p.shape[0] for p in parts)
+    if _back_to_back(parts):  # fused by an earlier engine: view, do not copy again
+        return parts[0].detach().as_strided((rows, *parts[0].shape[1:]), parts[0].stride())
+    fused = torch.cat([p.detach() for p in parts])  # [sum(out), in] or [sum(out)]
+    start = 0
+    for m, p in zip(linears, parts, strict=True):
+        # Parameter reassignment, not a patch: same module, same name, its data now a row view of `fused`;
+        # the old storage is freed, so the fused copy costs no memory and the HF forward still works.
+        setattr(m, name, nn.Parameter(fused[start : start + p.shape[0]], requires_grad=p.requires_grad))
+        start += p.shape[0]
+    return fused
+
+
+class FusedLinear:
+    """Row-concatenated projections (q/k/v or gate/up) run as one GEMM and split back into their outputs.
+
+    With `fuse=False` the modules run one by one (the unfused baseline). Built under `no_grad` and outside
+    inference mode, so the modules stay trainable (gradients reach each view Parameter).
+    """
+
+    def __init__(self, linears: list[nn.Linear], fuse: bool = True):
+        self.sizes = [m.out_features for m in linears]
+        self.linears = None if fuse else linears
+        self.weight = self.bias = None
+        if fuse:
+            with torch.inference_mode(False), torch.no_grad():
+                self.weight, self.bias = _fuse_param(linears, "weight"), _fuse_param(linears, "bias")
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x [..., in] -> one [..., out_j] per projection (views into one GEMM output when fused)."""
+        if self.linears is not None:
+            return tuple(m(x) for m in self.linears)
+        return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+
+
+class _Norms:
+    """RMSNorm over HF / drafter norm modules: the module itself, or `weight * F.rms_norm(x)` (same numerics)."""
+
+    def __init__(self, eps: float, fast: bool):
+        self.eps, self.fast = eps, fast
+
+    def __call__(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if not self.fast:
+            return module(x)
+        # HF: weight * (x.float() * rsqrt(mean(x^2) + eps)).to(dtype); rms_norm without a weight returns that
+        # cast value, and the weight multiply stays in the input dtype (folding it in would round differently)
+        return module.weight * F.rms_norm(x, x.shape[-1:], eps=self.eps)
+
+
+def _grouped_sdpa(q, k, v, gmask, scale: float) -> torch.Tensor:
+    """q [1, h, T, d]; k, v [1, kvh, S, d]; gmask [1, 1, g*T, S] additive (`_group_mask`) -> [1, T, h*d].
 
     GQA as extra query rows ([1, kvh, g*T, d]) so the masked kernel needs no repeated K/V.
     """
     _, h, t, d = q.shape
     kvh = k.shape[1]
-    g = h // kvh
-    qg = q.reshape(1, kvh, g * t, d)  # head h = kv_head * g + i, rows ordered (i, t)
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask.repeat(g, 1)[None, None], scale=scale)
+    qg = q.reshape(1, kvh, (h // kvh) * t, d)  # head h = kv_head * g + i, rows ordered (i, t)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=gmask, scale=scale)
     return out.reshape(1, h, t, d).transpose(1, 2).reshape(1, t, h * d)
+
+
+def _group_mask(mask: torch.Tensor, g: int, dtype: torch.dtype) -> torch.Tensor:
+    """[T, S] bool -> [1, 1, g*T, S] additive (0 / -inf) in `dtype`: `_grouped_sdpa`'s query rows.
+
+    Built once per forward; SDPA would otherwise turn a bool mask into this on every layer's call.
+    """
+    add = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    return add.repeat(g, 1)[None, None]
 
 
 class StaticTarget:
     """The target's decoder over static K/V buffers [1, kvh, max_len, hd] per layer."""
 
-    def __init__(self, adapter: Any, max_len: int, tap_ids: tuple[int, ...]):
+    def __init__(
+        self,
+        adapter: Any,
+        max_len: int,
+        tap_ids: tuple[int, ...],
+        fuse: bool = True,
+        fast_norm: bool = True,
+    ):
         self.adapter, self.model = adapter, adapter.model
         self.layers, self.decoder = adapter.layers(), adapter.model.get_decoder()
         text = adapter.text_config
         self.qk_norm = adapter.static_qk_norm
         self.kvh, self.hd = text.num_key_value_heads, self.layers[0].self_attn.head_dim
+        self.group = text.num_attention_heads // self.kvh
+        self.norm = _Norms(text.rms_norm_eps, fast_norm)
         self.taps: dict[int, list[int]] = {}  # layer id -> tap slots (ids may repeat)
         for slot, lid in enumerate(tap_ids):
             self.taps.setdefault(lid, []).append(slot)
         self.hidden = text.hidden_size
+        attns, mlps = [layer.self_attn for layer in self.layers], [layer.mlp for layer in self.layers]
+        self.qkv = [FusedLinear([a.q_proj, a.k_proj, a.v_proj], fuse) for a in attns]
+        self.gate_up = [FusedLinear([m.gate_proj, m.up_proj], fuse) for m in mlps]
         self.k, self.v = [], []
         for layer in self.layers:
             w = layer.self_attn.k_proj.weight
@@ -65,25 +156,27 @@ class StaticTarget:
         dev = self.k[0].device
         self.key_pos = torch.arange(max_len, device=dev)  # [S]
 
-    def _attn(self, i: int, x, cos, sin, positions, mask, prefill: bool):
+    def _attn(self, i: int, x, cos, sin, positions, gmask, prefill: bool):
         attn = self.layers[i].self_attn
         t = x.shape[1]
-        q = attn.q_proj(x).view(1, t, -1, self.hd)
-        k = attn.k_proj(x).view(1, t, -1, self.hd)
+        q, k, v = (y.view(1, t, -1, self.hd) for y in self.qkv[i](x))  # [1, T, heads or kvh, hd]
         if self.qk_norm:
-            q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = self.norm(attn.q_norm, q), self.norm(attn.k_norm, k)
         q, k = apply_rotary(q.transpose(1, 2), cos, sin), apply_rotary(k.transpose(1, 2), cos, sin)
-        v = attn.v_proj(x).view(1, t, -1, self.hd).transpose(1, 2)  # [1, kvh, T, hd]
+        v = v.transpose(1, 2)  # [1, kvh, T, hd]
         self.k[i].index_copy_(2, positions, k)
         self.v[i].index_copy_(2, positions, v)
         if prefill:  # from position 0: causal flash kernel over the prompt, no mask tensor
-            g = q.shape[1] // self.kvh  # K/V heads repeated for the kernel (transient, one layer at a time)
-            kk, vv = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-            out = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=attn.scaling).transpose(
-                1, 2
-            )
-            return attn.o_proj(out.reshape(1, t, -1))
-        return attn.o_proj(_grouped_sdpa(q, self.k[i], self.v[i], mask, attn.scaling))
+            # K/V heads repeated for the kernel (transient, one layer at a time)
+            kk, vv = k.repeat_interleave(self.group, 1), v.repeat_interleave(self.group, 1)
+            out = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=attn.scaling)
+            return attn.o_proj(out.transpose(1, 2).reshape(1, t, -1))
+        return attn.o_proj(_grouped_sdpa(q, self.k[i], self.v[i], gmask, attn.scaling))
+
+    def _mlp(self, i: int, x):
+        mlp = self.layers[i].mlp
+        gate, up = self.gate_up[i](x)  # [1, T, F] each
+        return mlp.down_proj(mlp.act_fn(gate) * up)
 
     def forward(self, emb, pos, taps_out=None, prefill: bool = False, last_only: bool = False):
         """emb [1, T, H] at positions pos.. (0-d long tensor; prefill: pos is 0); fills taps_out [1, T, K*H]."""
@@ -91,25 +184,35 @@ class StaticTarget:
         positions = pos + self.key_pos[:t]  # [T]
         cos, sin = self.decoder.rotary_emb(emb, positions[None])  # [1, T, hd]
         cos, sin = cos[0], sin[0]
-        mask = None if prefill else self.key_pos[None, :] <= positions[:, None]  # [T, S] causal
+        causal = None if prefill else self.key_pos[None, :] <= positions[:, None]  # [T, S]
+        gmask = None if prefill else _group_mask(causal, self.group, emb.dtype)
         x = emb
         for i, layer in enumerate(self.layers):
-            x = x + self._attn(i, layer.input_layernorm(x), cos, sin, positions, mask, prefill)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + self._attn(i, self.norm(layer.input_layernorm, x), cos, sin, positions, gmask, prefill)
+            x = x + self._mlp(i, self.norm(layer.post_attention_layernorm, x))
             for slot in self.taps.get(i, ()) if taps_out is not None else ():
                 taps_out[:, :, slot * self.hidden : (slot + 1) * self.hidden].copy_(x)
         x = x[:, -1:] if last_only else x
-        return self.adapter.logits(self.decoder.norm(x))  # [1, T or 1, V]
+        return self.adapter.logits(self.norm(self.decoder.norm, x))  # [1, T or 1, V]
 
 
 class StaticDrafter:
     """The drafter over static context K/V buffers; block K/V are scratch rows just past the context."""
 
-    def __init__(self, drafter: Any, max_len: int):
+    def __init__(self, drafter: Any, max_len: int, fuse: bool = True, fast_norm: bool = True):
         self.d = drafter
         w = drafter.fc.weight
         self.dtype = w.dtype
         a = drafter.layers[0].self_attn
+        self.group = a.heads // a.kv_heads
+        self.norm = _Norms(drafter.cfg.rms_norm_eps, fast_norm)
+        attns = [layer.self_attn for layer in drafter.layers]
+        self.qkv = [FusedLinear([a.q_proj, a.k_proj, a.v_proj], fuse) for a in attns]
+        # k/v alone for the context: once q/k/v are fused, k and v lie back to back, so this is a view
+        self.kv = [FusedLinear([a.k_proj, a.v_proj], fuse) for a in attns]
+        self.gate_up = [
+            FusedLinear([layer.mlp.gate_proj, layer.mlp.up_proj], fuse) for layer in drafter.layers
+        ]
         self.k = [
             torch.zeros(1, a.kv_heads, max_len, a.head_dim, device=w.device, dtype=w.dtype)
             for _ in drafter.layers
@@ -117,14 +220,21 @@ class StaticDrafter:
         self.v = [torch.zeros_like(k) for k in self.k]
         self.key_pos = torch.arange(max_len, device=w.device)
 
+    def _heads(self, i: int, k, v, cos, sin):
+        """k, v [1, T, kvh*hd] -> k_norm + rotary on k; [1, kvh, T, hd] each (as `Attention._kv`)."""
+        a = self.d.layers[i].self_attn
+        t = k.shape[1]
+        k = self.norm(a.k_norm, k.view(1, t, a.kv_heads, a.head_dim)).transpose(1, 2)
+        return apply_rotary(k, cos, sin), v.view(1, t, a.kv_heads, a.head_dim).transpose(1, 2)
+
     def append(self, feats, pos) -> None:
         """Project context features [1, n, K*H] at positions pos.. into every layer's K/V."""
         n = feats.shape[1]
         positions = pos + self.key_pos[:n]
-        ctx = self.d.hidden_norm(self.d.fc(feats.to(self.dtype)))  # [1, n, H]
+        ctx = self.norm(self.d.hidden_norm, self.d.fc(feats.to(self.dtype)))  # [1, n, H]
         rope = self.d.rotary_emb(positions, self.dtype)
-        for i, layer in enumerate(self.d.layers):
-            k, v = layer.self_attn._kv(ctx, *rope)  # [1, kvh, n, hd]
+        for i in range(len(self.d.layers)):
+            k, v = self._heads(i, *self.kv[i](ctx), *rope)  # [1, kvh, n, hd]
             self.k[i].index_copy_(2, positions, k)
             self.v[i].index_copy_(2, positions, v)
 
@@ -145,17 +255,20 @@ class StaticDrafter:
         b = emb.shape[1]
         q_pos = pos + self.key_pos[:b]
         rope = self.d.rotary_emb(q_pos, self.dtype)
+        masks: dict[tuple, torch.Tensor] = {}  # one group mask per (causal, window) kind, not per layer
         x = emb.to(self.dtype)
         for i, layer in enumerate(self.d.layers):
             a = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = a.q_norm(a.q_proj(h).view(1, b, a.heads, a.head_dim)).transpose(1, 2)
-            k, v = a._kv(h, *rope)
+            kind = (a.causal, a.window)
+            if kind not in masks:
+                masks[kind] = _group_mask(self._mask(a, q_pos, pos), self.group, self.dtype)
+            q, k, v = self.qkv[i](self.norm(layer.input_layernorm, x))  # [1, B, heads*hd], [1, B, kvh*hd] x2
+            q = self.norm(a.q_norm, q.view(1, b, a.heads, a.head_dim)).transpose(1, 2)
+            k, v = self._heads(i, k, v, *rope)
             self.k[i].index_copy_(2, q_pos, k)  # scratch: the next append overwrites these rows
             self.v[i].index_copy_(2, q_pos, v)
-            out = _grouped_sdpa(
-                apply_rotary(q, *rope), self.k[i], self.v[i], self._mask(a, q_pos, pos), a.head_dim**-0.5
-            )
+            out = _grouped_sdpa(apply_rotary(q, *rope), self.k[i], self.v[i], masks[kind], a.head_dim**-0.5)
             x = x + a.o_proj(out)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.d.norm(x)
+            gate, up = self.gate_up[i](self.norm(layer.post_attention_layernorm, x))  # [1, B, F] each
+            x = x + layer.mlp.down_proj(layer.mlp.act(gate) * up)
+        return self.norm(self.d.norm, x)

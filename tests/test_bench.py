@@ -55,6 +55,11 @@ def test_bench_record_schema_and_projection():
         for key in ("tokens_per_second", "ttft_seconds", "peak_memory_bytes", "roofline_fraction"):
             assert key in ar and key in spec
         assert r["speedup"] > 0
+    assert rec["options"]["compile"] is False
+    assert rec["results"]["eager"]["compile_seconds"] is None
+    assert (
+        rec["results"]["fast"]["compile_seconds"] == 0.0 and rec["results"]["fast"]["capture_seconds"] == 0.0
+    )
     prov = rec["provenance"]
     assert prov["argv"] == ["test"] and {"torch", "transformers"} <= set(prov["versions"])
     assert "commit" in prov["git"] and "gpu" in prov
@@ -77,6 +82,8 @@ def test_bench_cli_writes_the_record(tmp_path, monkeypatch):
         "1",
         "--device",
         "cpu",
+        "--no-graphs",
+        "--no-compile",
         "--json",
     ]
     result = CliRunner().invoke(cli, args)
@@ -85,6 +92,7 @@ def test_bench_cli_writes_the_record(tmp_path, monkeypatch):
     assert len(files) == 1
     rec = json.loads(files[0].read_text())
     assert rec["kind"] == "measurement" and list(rec["results"]) == ["fast"]
+    assert rec["options"]["compile"] is False and rec["options"]["graphs"] is False
     assert rec["provenance"]["argv"][0] == "dflash-zoo"
 
 

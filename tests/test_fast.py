@@ -1,4 +1,7 @@
-"""The static / graphed fast path (fast.py) against the eager reference loop (decode.py), fp32 on CPU."""
+"""The static / graphed fast path (fast.py) against the eager reference loop (decode.py), fp32 on CPU.
+
+Engines default to fused q/k/v + gate/up weights and `F.rms_norm`; `UNFUSED` is the plain-module baseline.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from tests.tiny import VOCAB, tiny_drafter, tiny_target
 
 MASK = VOCAB - 1
 BLOCK = 8
+UNFUSED = {"fuse": False, "fast_norm": False}
 
 
 def _pair(model_type: str, device: str = "cpu"):
@@ -46,11 +50,12 @@ def _full_block_steps(res, max_new: int) -> int:
     return n
 
 
+@pytest.mark.parametrize("variant", [{}, UNFUSED], ids=["fused", "unfused"])
 @pytest.mark.parametrize("model_type", ["qwen3", "llama"])
-def test_fast_path_equals_eager_token_for_token(model_type):
+def test_fast_path_equals_eager_token_for_token(model_type, variant):
     adapter, drafter = _pair(model_type)
     cfg = GenerationConfig(max_new_tokens=20)
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, **variant)
     for prompt in _prompts():
         ref = autoregressive_generate(adapter, prompt, cfg).output_ids
         eager, fast = _eager(adapter, drafter, prompt, cfg), eng.speculative(prompt, cfg)
@@ -117,3 +122,92 @@ def test_smaller_block_than_trained():
     res = eng.speculative(prompt, cfg)
     assert res.output_ids == autoregressive_generate(adapter, prompt, cfg).output_ids
     assert all(len(s.proposed) == 3 for s in res.steps)
+
+
+def _storage_bytes(module: torch.nn.Module) -> int:
+    """Bytes of the distinct storages behind a module's parameters (views of one storage count once)."""
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in module.parameters()}
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+def test_fused_weights_are_views_and_eager_outputs_are_unchanged(model_type, tmp_path):
+    from dflash_zoo.checkpoint import load_drafter, save_drafter
+
+    adapter, drafter = _pair(model_type)
+    prompt, cfg = _prompts(1)[0], GenerationConfig(max_new_tokens=12)
+    logits = adapter.model(torch.tensor([prompt])).logits
+    eager = _eager(adapter, drafter, prompt, cfg)
+    sizes = _storage_bytes(adapter.model), _storage_bytes(drafter)
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    assert (_storage_bytes(adapter.model), _storage_bytes(drafter)) == sizes  # no second copy
+    for attn, fused in (
+        (adapter.layers()[1].self_attn, eng.target.qkv[1]),
+        (drafter.layers[0].self_attn, eng.sdraft.qkv[0]),
+    ):
+        for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+            assert isinstance(proj.weight, torch.nn.Parameter)
+            assert proj.weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr()
+    assert torch.equal(adapter.model(torch.tensor([prompt])).logits, logits)  # the HF forward over the views
+    assert _eager(adapter, drafter, prompt, cfg).output_ids == eager.output_ids
+    again = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)  # views the fused tensors, no copy
+    assert again.target.gate_up[0].weight.data_ptr() == eng.target.gate_up[0].weight.data_ptr()
+    save_drafter(drafter, tmp_path / "d")  # z-lab names, shared storage is fine for safetensors
+    state = load_drafter(tmp_path / "d").state_dict()
+    assert all(torch.equal(v, state[k]) for k, v in drafter.state_dict().items())
+
+
+def test_fused_projections_with_bias_equal_eager():
+    """Llama's attention_bias / mlp_bias: the biases are fused along with the weights."""
+    target = tiny_target("llama", seed=0, attention_bias=True, mlp_bias=True)
+    with torch.no_grad():
+        for name, p in target.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)  # HF initialises biases to zero, which would test nothing
+    adapter = get_adapter("llama")(target)
+    drafter = tiny_drafter(target, seed=1, taps=[0, 2])
+    cfg = GenerationConfig(max_new_tokens=16)
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    assert eng.target.qkv[0].bias is not None and eng.target.gate_up[0].bias is not None
+    for prompt in _prompts():
+        ref = autoregressive_generate(adapter, prompt, cfg).output_ids
+        assert eng.speculative(prompt, cfg).output_ids == ref
+        assert eng.autoregressive(prompt, cfg).output_ids == ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fast_norm_is_bitwise_hf_rmsnorm(dtype):
+    from dflash_zoo.static import _Norms
+
+    norm = tiny_target("qwen3").model.layers[0].input_layernorm.to(dtype)
+    with torch.no_grad():
+        norm.weight.normal_(1, 0.2)
+    x = torch.randn(1, 5, norm.weight.shape[0]).to(dtype)
+    assert torch.equal(_Norms(norm.variance_epsilon, fast=True)(norm, x), norm(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (inductor on CPU takes ~45 s here)")
+@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+def test_compiled_graphed_steps_equal_eager_fp32(model_type):
+    adapter, drafter = _pair(model_type, "cuda")
+    cfg = GenerationConfig(max_new_tokens=24)
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=True, compile=True)
+    for prompt in _prompts():
+        ref = autoregressive_generate(adapter, prompt, cfg, "cuda").output_ids
+        assert eng.speculative(prompt, cfg).output_ids == ref
+        assert eng.autoregressive(prompt, cfg).output_ids == ref
+    assert eng.compile_seconds > 0 and eng.capture_seconds > 0
+
+
+def test_pipeline_baseline_runs_on_the_same_path_as_generate():
+    """With the fast path on, `generate_autoregressive` uses the static target too (like-for-like speedups)."""
+    from dflash_zoo.api import Pipeline
+
+    adapter, drafter = _pair("qwen3")
+    fast = Pipeline(model=adapter.model, drafter=drafter, tokenizer=None, mask_token_id=MASK, fast=True)
+    eager = Pipeline(model=adapter.model, drafter=drafter, tokenizer=None, mask_token_id=MASK, fast=False)
+    prompt = _prompts(1)[0]
+    res = fast.generate_autoregressive(prompt, max_new_tokens=12)
+    assert fast._engine is not None  # the engine was built for the baseline
+    assert res.output_ids == eager.generate_autoregressive(prompt, max_new_tokens=12).output_ids

@@ -15,6 +15,17 @@ Environment: HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE=1, HF_TOKEN, DFLASH_ZOO_DEBUG
 """
 
 
+devices_option = click.option(
+    "--devices",
+    "--device-map",
+    "devices",
+    default=None,
+    metavar="LIST|auto",
+    help="Split the target across GPUs: cuda:0,cuda:1 or auto (all visible). The drafter joins the LM head's "
+    "GPU; eager loop only. See docs/multi-gpu.md.",
+)
+
+
 def model_options(f):
     """Options shared by generate, chat (and reused by eval/bench)."""
     opts = [
@@ -23,6 +34,7 @@ def model_options(f):
         ),
         click.option("--draft", "-d", help="Drafter: local dir or Hub id (default: the registry's drafter)."),
         click.option("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
+        devices_option,
         click.option("--dtype", default="auto", show_default=True, help="auto, bf16, fp16 or fp32."),
         click.option("--revision", default=None, help="Target revision."),
         click.option(
@@ -67,7 +79,7 @@ def decoding_options(f):
     return f
 
 
-def load_pipeline(target, draft, device, dtype, revision, draft_revision):
+def load_pipeline(target, draft, device, dtype, revision, draft_revision, devices=None):
     import transformers
 
     from ..api import load
@@ -76,7 +88,13 @@ def load_pipeline(target, draft, device, dtype, revision, draft_revision):
 
     with stderr().status("loading models...", spinner="dots"):
         return load(
-            target, draft, device=device, dtype=dtype, revision=revision, draft_revision=draft_revision
+            target,
+            draft,
+            device=device,
+            dtype=dtype,
+            revision=revision,
+            draft_revision=draft_revision,
+            device_map=devices,
         )
 
 
@@ -101,7 +119,9 @@ def print_stats(res) -> None:
 @model_options
 @decoding_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (ids, text, steps, stats).")
-def generate(prompt, target, draft, device, dtype, revision, draft_revision, raw, images, as_json, **params):
+def generate(
+    prompt, target, draft, device, devices, dtype, revision, draft_revision, raw, images, as_json, **params
+):
     """Generate a continuation of PROMPT with DFlash speculative decoding.
 
     Text streams to stdout and statistics go to stderr; with --json stdout holds one object with
@@ -114,8 +134,9 @@ def generate(prompt, target, draft, device, dtype, revision, draft_revision, raw
       dflash-zoo generate "Hi" -t ./my-target -d ./my-drafter --json
       dflash-zoo generate "2+2=" -t qwen3-8b --temperature 0.7 --top-p 0.9 --seed 0
       dflash-zoo generate "What is in the picture?" -t qwen3.5-9b --image cat.png
+      dflash-zoo generate "Hi" -t ./big-target -d ./drafter --devices cuda:0,cuda:1
     """
-    pipe = load_pipeline(target, draft, device, dtype, revision, draft_revision)
+    pipe = load_pipeline(target, draft, device, dtype, revision, draft_revision, devices)
     kw = {**gen_kwargs(params), "images": list(images) or None}
     if as_json:
         res = pipe.generate(prompt, raw=raw, **kw)
@@ -144,7 +165,7 @@ Ctrl-C stops the current answer."""
 @click.argument("model_id", required=False)
 @model_options
 @decoding_options
-def chat(model_id, target, draft, device, dtype, revision, draft_revision, raw, images, **params):
+def chat(model_id, target, draft, device, devices, dtype, revision, draft_revision, raw, images, **params):
     """Interactive multi-turn chat with speculative decoding (per-turn stats on stderr).
 
     MODEL_ID is a registry id; --target/--draft pick any pair; with neither, the embedded demo pair.
@@ -157,7 +178,7 @@ def chat(model_id, target, draft, device, dtype, revision, draft_revision, raw, 
     """
     if model_id and not (target or draft):
         pull_missing(model_id)
-    pipe = load_pipeline(target or model_id, draft, device, dtype, revision, draft_revision)
+    pipe = load_pipeline(target or model_id, draft, device, dtype, revision, draft_revision, devices)
     ChatSession(pipe, gen_kwargs(params), raw, list(images)).run()
 
 

@@ -1,0 +1,213 @@
+"""Hybrid rollback cost (issue #6 part 5; docs/hybrid-rollback.md): rollback time as a fraction of a verify step.
+
+Qwen3.5-9B-shaped random bf16 target on one GPU (bench.SHAPES["qwen3.5-9b"]: H 4096, L 32 = 24 GDN + 8 full,
+V 248320, 16/4/256 heads, FFN 12288; GDN heads from the qwen3_5_text config defaults). Per rollback mode
+(recompute, replay): prefill 512 tokens, then N steps of snapshot -> 16-token verify -> rollback of a random
+number of rejected tokens (1..15), each timed apart (CUDA events). Reports median ms and rollback / verify
+(target <= 0.10), and whether the fla / causal-conv1d kernels are present (else transformers' torch fallbacks).
+About 1-2 minutes on an H200. `--tiny` runs a small fp32 shape on the CPU (debugging).
+
+Run: PYTHONPATH=. python3 scripts/gpu_hybrid_rollback.py --out $OUT/hybrid.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = 16
+TINY = dict(
+    hidden_size=256,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=32,
+    intermediate_size=512,
+    vocab_size=1024,
+    linear_num_key_heads=4,
+    linear_num_value_heads=8,
+    linear_key_head_dim=32,
+    linear_value_head_dim=32,
+)  # fmt: skip  (docs/hybrid-rollback.md's CPU setup)
+
+
+def map_adapters() -> None:
+    """Without an install, `dflash_zoo.adapters` (a package-dir mapping of adapters/) must be mapped by hand."""
+    try:
+        import dflash_zoo.adapters  # noqa: F401
+    except ModuleNotFoundError:
+        spec = importlib.util.spec_from_file_location(
+            "dflash_zoo.adapters",
+            ROOT / "adapters" / "__init__.py",
+            submodule_search_locations=[str(ROOT / "adapters")],
+        )
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["dflash_zoo.adapters"] = mod
+        spec.loader.exec_module(mod)
+
+
+def shape_kwargs(tiny: bool) -> dict:
+    if tiny:
+        return dict(TINY)
+    from dflash_zoo.bench import SHAPES
+
+    s = SHAPES["qwen3.5-9b"]
+    return dict(
+        hidden_size=s.hidden,
+        num_hidden_layers=s.layers,
+        num_attention_heads=s.heads,
+        num_key_value_heads=s.kv_heads,
+        head_dim=s.head_dim,
+        intermediate_size=s.ffn,
+        vocab_size=s.vocab,
+    )
+
+
+def build(tiny: bool, device: str, dtype: torch.dtype):
+    import transformers
+
+    kw = shape_kwargs(tiny)
+    cfg = transformers.AutoConfig.for_model(
+        "qwen3_5_text",
+        max_position_embeddings=40960,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+        **kw,
+    )
+    with torch.device(device):
+        return transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval(), kw
+
+
+def kernels() -> dict:
+    from transformers.utils import import_utils as iu
+
+    return {
+        "fla_installed": importlib.util.find_spec("fla") is not None,
+        "causal_conv1d_installed": importlib.util.find_spec("causal_conv1d") is not None,
+        "kernels_hub_installed": importlib.util.find_spec("kernels") is not None,
+        "transformers_sees_fla": iu.is_flash_linear_attention_available(),
+        "transformers_sees_causal_conv1d": iu.is_causal_conv1d_available(),
+    }
+
+
+class Timer:
+    """Milliseconds of `fn()`: CUDA events on a GPU, perf_counter on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn) -> float:
+        if not self.cuda:
+            t = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t) * 1e3
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+
+
+def timed_step(adapter, cache, block: torch.Tensor, keep: int, timer: Timer) -> dict:
+    """One decode step's cache work, each part timed: snapshot, verify of `block` [1, 16], rollback to `keep`."""
+    snap = None
+
+    def take() -> None:
+        nonlocal snap
+        snap = adapter.snapshot(cache)
+
+    snapshot_ms = timer(take)
+    verify_ms = timer(lambda: adapter.forward(block, cache))
+    rollback_ms = timer(lambda: adapter.rollback(cache, BLOCK - keep, snap, block[:, :keep]))
+    return {"kept": keep, "snapshot_ms": snapshot_ms, "verify_ms": verify_ms, "rollback_ms": rollback_ms}
+
+
+def run_mode(model, mode: str, prompt: list[int], steps: int, warmup: int, seed: int) -> dict:
+    from dflash_zoo.adapters import get_adapter
+
+    adapter = get_adapter("qwen3_5_text")(model, rollback=mode)
+    device = next(model.parameters()).device
+    timer, rng = Timer(device), random.Random(seed)
+    vocab = model.config.vocab_size
+    rows = []
+    with torch.inference_mode():
+        cache = adapter.new_cache()
+        adapter.forward(torch.tensor([prompt], device=device), cache, logits_to_keep=1)
+        adapter.start_decoding(cache)
+        length = len(prompt)
+        for step in range(warmup + steps):
+            block = torch.tensor([[rng.randrange(vocab) for _ in range(BLOCK)]], device=device)  # [1, 16]
+            keep = rng.randint(1, BLOCK - 1)  # bonus + accepted drafts; the rest (>= 1) is rolled back
+            row = timed_step(adapter, cache, block, keep, timer)
+            length += keep
+            if cache.get_seq_length() != length:
+                raise RuntimeError(
+                    f"cache holds {cache.get_seq_length()} tokens after rollback, expected {length}"
+                )
+            if step >= warmup:
+                rows.append(row)
+    med = {k: statistics.median(r[k] for r in rows) for k in ("snapshot_ms", "verify_ms", "rollback_ms")}
+    return {
+        "median_ms": med,
+        "rollback_over_verify": med["rollback_ms"] / med["verify_ms"],
+        "snapshot_plus_rollback_over_verify": (med["snapshot_ms"] + med["rollback_ms"]) / med["verify_ms"],
+        "meets_target_0.10": med["rollback_ms"] / med["verify_ms"] <= 0.10,
+        "steps": rows,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="hybrid.json")
+    ap.add_argument("--tiny", action="store_true", help="small fp32 shape on the CPU")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    map_adapters()
+    import transformers
+
+    device = "cpu" if args.tiny else "cuda"
+    dtype = torch.float32 if args.tiny else torch.bfloat16
+    torch.manual_seed(args.seed)
+    t = time.time()
+    model, shape = build(args.tiny, device, dtype)
+    record = {
+        "env": {
+            "argv": sys.argv,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+        },
+        "kernels": kernels(),
+        "shape": {**shape, "dtype": str(dtype), "layer_types": list(model.config.layer_types)},
+        "build_seconds": time.time() - t,
+        "block": BLOCK,
+        "prompt_tokens": args.prompt_tokens,
+        "modes": {},
+    }
+    prompt = torch.randint(
+        0, model.config.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(1)
+    )
+    for mode in ("recompute", "replay"):
+        res = run_mode(model, mode, prompt.tolist(), args.steps, args.warmup, args.seed)
+        record["modes"][mode] = res
+        print(mode, json.dumps({k: v for k, v in res.items() if k != "steps"}), file=sys.stderr, flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(record, indent=1))
+    print(f"kernels: {record['kernels']}; wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

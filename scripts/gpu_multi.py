@@ -1,0 +1,284 @@
+"""Two-GPU placement check (issue #6 part 4; docs/multi-gpu.md). Needs 2 CUDA devices; about 2-4 minutes.
+
+1. lossless: tiny fp32 qwen3 and qwen3_5_text targets split over cuda:0 / cuda:1; greedy speculative and AR
+   output must equal the unsplit (cuda:0) AR output;
+2. a Qwen3-32B-shaped random bf16 target (H 5120, L 64, 64/8/128 heads, FFN 25600, V 151936; ~65 GB) built on
+   `meta`, planned, then materialised module by module on its planned GPU (never whole on one); a random
+   5-layer block-16 drafter on the head's GPU; eager AR and DFlash (what-if tau 6.5) for 128 new tokens on a
+   512-token prompt: tok/s and per-GPU peak memory.
+
+Run: PYTHONPATH=. python3 scripts/gpu_multi.py --out $OUT/multi.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+T0 = time.time()
+
+
+def say(*a) -> None:
+    print(f"[{time.time() - T0:6.1f}s]", *a, file=sys.stderr, flush=True)
+
+
+def map_adapters() -> None:
+    """Without an install, `dflash_zoo.adapters` (a package-dir mapping of adapters/) must be mapped by hand."""
+    try:
+        import dflash_zoo.adapters  # noqa: F401
+    except ModuleNotFoundError:
+        spec = importlib.util.spec_from_file_location(
+            "dflash_zoo.adapters",
+            ROOT / "adapters" / "__init__.py",
+            submodule_search_locations=[str(ROOT / "adapters")],
+        )
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["dflash_zoo.adapters"] = mod
+        spec.loader.exec_module(mod)
+
+
+def lossless(model_type: str, n_prompts: int = 3, new: int = 32) -> dict:
+    """fp32 tiny target: split over cuda:0/cuda:1, outputs vs the unsplit target's AR greedy output."""
+    from dflash_zoo.adapters import get_adapter
+
+    from dflash_zoo.api import load
+    from dflash_zoo.decode import autoregressive_generate
+    from dflash_zoo.results import GenerationConfig
+    from tests.tiny import tiny_drafter, tiny_target
+
+    model = tiny_target(model_type, seed=0).to("cuda:0")
+    drafter = tiny_drafter(model, seed=1, block_size=8)
+    prompts = [
+        torch.randint(3, 250, (24,), generator=torch.Generator().manual_seed(s)).tolist()
+        for s in range(n_prompts)
+    ]
+    cfg = GenerationConfig(max_new_tokens=new)
+    refs = [
+        autoregressive_generate(get_adapter(model_type)(model), p, cfg, "cuda:0").output_ids for p in prompts
+    ]
+    pipe = load(model, drafter, device_map=["cuda:0", "cuda:1"], dtype="fp32")
+    pipe.stop_token_ids = ()
+    spec = [pipe.generate(p, max_new_tokens=new).output_ids == r for p, r in zip(prompts, refs, strict=True)]
+    ar = [
+        pipe.generate_autoregressive(p, max_new_tokens=new).output_ids == r
+        for p, r in zip(prompts, refs, strict=True)
+    ]
+    layers = pipe.adapter.layers()
+    return {
+        "plan": pipe.placement.plan.to_dict(),
+        "layer_gpus": sorted({next(layer.parameters()).device.index for layer in layers}),
+        "speculative_equals_unsplit_ar": spec,
+        "split_ar_equals_unsplit_ar": ar,
+        "ok": all(spec) and all(ar),
+    }
+
+
+BIG = dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+           intermediate_size=25600)  # fmt: skip
+TINY = dict(
+    hidden_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+)  # fmt: skip  (--cpu-debug: the same code path on ["cpu", "cpu"])
+
+
+def big_config(shape: dict):
+    import transformers
+
+    return transformers.AutoConfig.for_model(
+        "qwen3",
+        vocab_size=151936,
+        max_position_embeddings=40960,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        tie_word_embeddings=False,
+        **shape,
+    )
+
+
+def big_drafter(cfg, device: str | None):
+    from dflash_zoo.config import default_target_layer_ids, normalize_draft_config
+    from dflash_zoo.drafter import DFlashDrafter
+
+    draft = normalize_draft_config(
+        {
+            "model_type": "qwen3",
+            "hidden_size": cfg.hidden_size,
+            "intermediate_size": cfg.intermediate_size,
+            "num_hidden_layers": 5,
+            "num_attention_heads": min(32, cfg.num_attention_heads),
+            "num_key_value_heads": cfg.num_key_value_heads,
+            "head_dim": cfg.head_dim,
+            "vocab_size": cfg.vocab_size,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 1e6,
+            "max_position_embeddings": 40960,
+            "num_target_layers": cfg.num_hidden_layers,
+            "dflash_config": {
+                "block_size": 16,
+                "target_layer_ids": default_target_layer_ids(cfg.num_hidden_layers, 5),
+                "mask_token_id": 151669,
+            },
+        }
+    )
+    with torch.device(device or "meta"):
+        return DFlashDrafter(draft).to(torch.bfloat16).eval()
+
+
+def materialise(model, adapter, plan) -> None:
+    """Allocate each meta module on its planned device and initialise it there (HF's own `_init_weights`)."""
+    devs = [torch.device(d) for d in plan.devices]
+    units = [(layer, devs[plan.layer_devices[i]]) for i, layer in enumerate(adapter.layers())]
+    units += [
+        (model.get_output_embeddings(), devs[plan.head_device]),
+        (model.model.norm, devs[plan.head_device]),
+    ]
+    units += [(model.get_input_embeddings(), devs[plan.stem_device])]
+    for mod, dev in units:
+        mod.to_empty(device=dev)
+    for mod in model.modules():  # what is left on meta (rotary tables, containers) goes to the stem's device
+        if any(t.is_meta for t in [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]):
+            mod.to_empty(device=devs[plan.stem_device], recurse=False)
+    with torch.no_grad():
+        for mod in model.modules():
+            model._init_weights(mod)
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def big_run(new_tokens: int, prompt_tokens: int, devices: list[str], shape: dict) -> dict:
+    import transformers
+    from dflash_zoo.adapters import get_adapter
+
+    from dflash_zoo import bench as B
+    from dflash_zoo.decode import SpeculativeDecoder, autoregressive_generate
+    from dflash_zoo.placement import apply_placement, module_bytes, plan_placement
+    from dflash_zoo.results import GenerationConfig
+
+    cfg = big_config(shape)
+    t = time.time()
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    adapter = get_adapter("qwen3")(model)
+    plan = plan_placement(adapter, devices, reserve_bytes=module_bytes(big_drafter(cfg, None)))
+    say(plan.describe())
+    materialise(model, adapter, plan)
+    placement = apply_placement(model, adapter, plan)
+    drafter = big_drafter(cfg, plan.head)
+    placement.attach_drafter(drafter)
+    sync()
+    build_s = time.time() - t
+    say(f"built and placed in {build_s:.1f} s")
+    prompt = torch.randint(0, 151000, (prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+    override = B.whatif_schedule(6.5, 16)
+    spec_new = B.whatif_new_tokens(6.5, new_tokens)
+
+    def spec(n):
+        dec = SpeculativeDecoder(
+            adapter, drafter, prompt, GenerationConfig(max_new_tokens=n), 151669, override
+        )
+        for _ in dec:
+            pass
+        return dec.result
+
+    def ar(n):
+        return autoregressive_generate(adapter, prompt, GenerationConfig(max_new_tokens=n), plan.head)
+
+    ar(4), spec(14)  # warm-up: kernels, allocator
+    out = {"plan": plan.to_dict(), "build_and_place_seconds": build_s}
+    for name, fn, n in (("autoregressive", ar, new_tokens), ("dflash_whatif_6.5", spec, spec_new)):
+        gpus = [torch.device(d) for d in plan.devices if d.startswith("cuda")]
+        for d in gpus:
+            torch.cuda.reset_peak_memory_stats(d)
+        res = fn(n)
+        out[name] = {
+            "tokens_per_second": res.tokens_per_second,
+            "new_tokens": len(res.output_ids),
+            "mean_acceptance_length": res.mean_acceptance_length if res.steps else 1.0,
+            "ttft_seconds": res.prefill_seconds,
+            "peak_memory_gib": {str(d): torch.cuda.max_memory_allocated(d) / 2**30 for d in gpus},
+        }
+        say(name, out[name])
+    out["speedup"] = (
+        out["dflash_whatif_6.5"]["tokens_per_second"] / out["autoregressive"]["tokens_per_second"]
+    )
+    out["note"] = "random weights; DFlash row is a projection (accept decisions forced to a tau-6.5 schedule)"
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="multi.json")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument(
+        "--cpu-debug", action="store_true", help="tiny shape on ['cpu', 'cpu'], no lossless checks"
+    )
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))  # tests.tiny
+    map_adapters()
+    import transformers
+
+    record: dict = {
+        "env": {
+            "argv": sys.argv,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "gpus": [torch.cuda.get_device_name(d) for d in range(torch.cuda.device_count())],
+        },
+        "sections": {},
+    }
+
+    def save() -> None:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=1, default=str))
+
+    if args.cpu_debug:
+        jobs = [
+            ("tiny_shape_cpu", lambda: big_run(args.new_tokens, args.prompt_tokens, ["cpu", "cpu"], TINY))
+        ]
+    elif torch.cuda.device_count() < 2:
+        record["error"] = f"needs 2 CUDA devices, found {torch.cuda.device_count()}"
+        save()
+        sys.exit(record["error"])
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False  # the lossless check runs in true fp32
+        jobs = [
+            ("lossless_qwen3", lambda: lossless("qwen3")),
+            ("lossless_qwen3_5_text", lambda: lossless("qwen3_5_text")),
+            (
+                "qwen3_32b_shape",
+                lambda: big_run(args.new_tokens, args.prompt_tokens, ["cuda:0", "cuda:1"], BIG),
+            ),
+        ]
+    for name, job in jobs:
+        say(name, "start")
+        try:
+            record["sections"][name] = job()
+        except Exception as exc:  # record and go on: one broken section must not lose the others
+            record["sections"][name] = {"error": f"{type(exc).__name__}: {exc}", "tb": traceback.format_exc()}
+            say(name, "FAILED", exc)
+        say(name, json.dumps(record["sections"][name], default=str)[:400])
+        save()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    record["wall_seconds"] = time.time() - T0
+    save()
+    say("done")
+
+
+if __name__ == "__main__":
+    main()
