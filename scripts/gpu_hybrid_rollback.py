@@ -174,6 +174,13 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--modes",
+        nargs="+",
+        default=["recompute", "replay"],
+        choices=["recompute", "replay"],
+        help="run order; repeats allowed (a mode run twice shows warm-up effects)",
+    )
     args = ap.parse_args()
     map_adapters()
     import transformers
@@ -200,10 +207,11 @@ def main() -> None:
     prompt = torch.randint(
         0, model.config.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(1)
     )
-    for mode in ("recompute", "replay"):
+    for n, mode in enumerate(args.modes):
         res = run_mode(model, mode, prompt.tolist(), args.steps, args.warmup, args.seed)
-        record["modes"][mode] = res
-        print(mode, json.dumps({k: v for k, v in res.items() if k != "steps"}), file=sys.stderr, flush=True)
+        key = mode if args.modes.count(mode) == 1 else f"{mode}#{n}"
+        record["modes"][key] = res
+        print(key, json.dumps({k: v for k, v in res.items() if k != "steps"}), file=sys.stderr, flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=1))
     print(f"kernels: {record['kernels']}; wrote {args.out}", file=sys.stderr)
