@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -182,6 +183,11 @@ class Pipeline:
             return None
         need = prompt_tokens + cfg.max_new_tokens
         if self._engine is None or self._engine.max_len < need:
+            if (
+                self._engine is not None
+            ):  # an engine is a reference cycle (its step table): free its buffers now
+                self._engine = None
+                gc.collect()
             self._engine = FastEngine(self.adapter, self.drafter, self.mask_token_id, max(need, 2048))
         return self._engine
 

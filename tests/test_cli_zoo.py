@@ -64,8 +64,8 @@ def test_list_human(tmp_path):
         "z-lab/Qwen3-8B-DFlash-b16",
         "16",
         "supported",
-        "1.95",
-        "GiB",
+        "2.1",
+        "GB",
         "yes",
     ]
     assert next(line for line in lines if line.startswith("qwen3-4b ")).split()[-1] == "-"
@@ -220,3 +220,16 @@ def test_commands_do_not_import_torch_or_transformers(tmp_path, argv):
     env.pop("HF_HUB_CACHE", None)
     proc = subprocess.run([sys.executable, "-c", NO_HEAVY, *argv], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_one_size_format_everywhere():
+    """list/info and pull/rm share one formatter: decimal units, as the Hub shows sizes."""
+    from dflash_zoo.output import human_size
+
+    assert [human_size(n) for n in (None, 999, 16_400, 2_090_000_000, 5 * 10**12)] == [
+        "?",
+        "999 B",
+        "16.4 kB",
+        "2.1 GB",
+        "5000.0 GB",
+    ]

@@ -17,7 +17,7 @@ import click
 
 from .. import hub
 from ..errors import NotFoundError, UnsupportedModelError
-from ..output import emit_json, hint, info, stdout, table
+from ..output import emit_json, hint, human_size, info, stdout, table
 
 HUB_ENV = """
 \b
@@ -62,15 +62,6 @@ def resolve(name: str) -> Ref:
 def _looks_like_repo(name: str) -> bool:
     parts = name.split("/")
     return len(parts) == 2 and all(parts) and not name.startswith((".", "/"))
-
-
-def human_size(n: int) -> str:
-    """Decimal units, as the Hub shows them: 999 B, 16.4 kB, 1.2 GB."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 # pull ------------------------------------------------------------------------------------------------------

@@ -189,8 +189,8 @@ def pull_missing(name: str) -> None:
     from .. import hub
     from ..api import TARGET_FILES, locked_revision
     from ..checkpoint import DRAFT_FILES
+    from ..output import human_size
     from ..registry import load_registry
-    from .hubcmds import human_size
 
     if os.path.isdir(name):
         return

@@ -44,12 +44,6 @@ def is_installed(repo_id: str) -> bool:
         return False
 
 
-def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
-
-
 def _unknown(v: Any) -> str:
     return "unknown" if v is None else str(v)
 
@@ -107,7 +101,15 @@ def list_cmd(pattern: str | None, as_json: bool, quiet: bool) -> None:
 def _list_row(e: Entry) -> tuple[str, ...]:
     block = _unknown(e.draft.block_size).replace("unknown", "?")
     installed = "yes" if is_installed(e.draft_repo) else "-"
-    return (e.slug, e.target_repo, e.draft_repo, block, e.status, _size(e.draft_size_bytes), installed)
+    return (
+        e.slug,
+        e.target_repo,
+        e.draft_repo,
+        block,
+        e.status,
+        output.human_size(e.draft_size_bytes),
+        installed,
+    )
 
 
 # ---- info ------------------------------------------------------------------------------------------
@@ -171,7 +173,7 @@ def _print_info(e: Entry, data: dict[str, Any]) -> None:
         "Draft": [("repo", e.draft_repo), ("revision", e.draft_revision),
                   ("locked commit", locked.get("commit", "not pulled")), ("block size", _unknown(d.block_size)),
                   ("layers", _unknown(d.num_layers)), ("taps", taps), ("mask id", _unknown(d.mask_token_id)),
-                  ("size", _size(e.draft_size_bytes))],
+                  ("size", output.human_size(e.draft_size_bytes))],
         "Compatibility": [("status", e.status + (f" ({e.reason})" if e.reason else "")), ("adapter", adapter),
                           ("chat template", kwargs), ("thinking", e.thinking), ("notes", e.notes or "-")],
         "Requires": [("transformers", f"{tf}, installed {req['transformers_installed'] or 'none'}"),
