@@ -78,9 +78,11 @@ def human_size(n: int | None) -> str:
     """Decimal units, as the Hub shows them: 999 B, 16.4 kB, 1.2 GB ("?" when unknown)."""
     if n is None:
         return "?"
-    size = float(n)
-    for unit in ("B", "kB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
+    if n < 1000:
+        return f"{n} B"
+    size = n / 1000
+    for unit in ("kB", "MB"):
+        if size < 1000:
+            return f"{size:.1f} {unit}"
         size /= 1000
-    return f"{size:.1f} TB"  # unreachable: GB is the last unit
+    return f"{size:.1f} GB"
