@@ -70,6 +70,8 @@ def evaluate(
     *,
     max_new_tokens: int = 256,
     temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
     block_size: int | None = None,
     baseline: bool = True,
     seed: int = 0,
@@ -82,6 +84,8 @@ def evaluate(
     kw = {
         "max_new_tokens": max_new_tokens,
         "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
         "block_size": block_size,
         "seed": seed,
     }

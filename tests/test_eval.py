@@ -48,3 +48,15 @@ def test_eval_json_schema(tmp_path):
     assert all(isinstance(k, str) for k in obj["histogram"])
     assert sum(obj["histogram"].values()) == obj["steps"]
     assert obj["outputs_match_autoregressive"] == 2  # greedy speculative decoding is lossless
+
+
+def test_eval_defaults_to_the_embedded_demo_pair(tmp_path):
+    """eval shares generate's model options: no --target/--draft means the offline demo pair."""
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"text": "import os\\nimport sys\\n\\n\\ndef main():\\n    pass\\n"}\n')
+    args = ["eval", "--data", str(data), "-n", "8", "--device", "cpu", "--json", "--no-baseline"]
+    out = CliRunner().invoke(cli, args, env={"HF_HUB_OFFLINE": "1"})
+    assert out.exit_code == 0, out.output
+    obj = json.loads(out.stdout)
+    assert obj["prompts"] == 1 and obj["block_size"] == 16  # the demo drafter's block
+    assert obj["ar_tokens_per_second"] is None and obj["generated_tokens"] == 8

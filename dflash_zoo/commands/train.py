@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from ..output import emit_json, info, stderr, table
+from .run import load_pipeline, model_options
 
 EXAMPLES_TRAIN = """
 \b
@@ -183,8 +184,7 @@ def train(**p: Any) -> None:
 
 
 @click.command("eval")
-@click.option("--target", "-t", required=True, help="Target: local dir or Hub id.")
-@click.option("--draft", "-d", required=True, help="Drafter: local dir or Hub id.")
+@model_options
 @click.option(
     "--data", required=True, type=click.Path(dir_okay=False), help="JSONL prompts (text / prompt / messages)."
 )
@@ -198,30 +198,31 @@ def train(**p: Any) -> None:
 )
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
 @click.option(
     "--block-size", type=click.IntRange(min=2), default=None, help="Run smaller blocks than trained."
 )
-@click.option("--device", default=None)
-@click.option("--dtype", default="auto", show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts.")
 @click.option("--no-baseline", is_flag=True, help="Skip the autoregressive run (no speedup).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def eval_cmd(
-    target, draft, data, raw, prompt_tokens, limit, no_baseline, as_json, device, dtype, **kw
-) -> None:
-    """Acceptance statistics and speedup of TARGET + DRAFT over a JSONL prompt file.
+    target, draft, device, devices, dtype, revision, draft_revision, data, raw, prompt_tokens, limit,
+    no_baseline, as_json, **kw,
+) -> None:  # fmt: skip
+    """Acceptance statistics and speedup of a target + drafter over a JSONL prompt file.
+
+    Model options are those of `generate` (no --target/--draft: the embedded demo pair).
 
     \b
     Examples:
       dflash-zoo eval -t ./target -d ./draft --data held_out.jsonl --raw --limit 20
       dflash-zoo eval -t ./target -d runs/d1 --data prompts.jsonl --json --no-baseline
     """
-    from ..api import load
     from ..evaluate import evaluate, load_prompts
 
-    with stderr().status("loading models...", spinner="dots"):
-        pipe = load(target, draft, device=device, dtype=dtype)
+    pipe = load_pipeline(target, draft, device, dtype, revision, draft_revision, devices)
     prompts = load_prompts(data, pipe.tokenizer, raw, pipe.chat_template_kwargs, prompt_tokens, limit)
     with stderr().status("evaluating...", spinner="dots") as st:
         res = evaluate(
