@@ -5,7 +5,7 @@
 - "replay": restore the pre-verify linear states, crop the whole block, run the committed inputs again;
 - "recompute" (default): forward hooks on each GDN module's input projections keep the verify's conv input and
   decay/beta logits; `crop` fixes attention KV and conv windows, and the recurrent state is recomputed from the
-  snapshot for the accepted prefix only (`gated_delta_final_state`). No second target forward.
+  snapshot for the accepted prefix only (`gated_delta_final_state`, all GDN layers stacked in one solve). No second target forward.
 Mirrors `Qwen3_5GatedDeltaNet` / `torch_chunk_gated_delta_rule` in transformers `models/qwen3_5/modeling_qwen3_5.py`.
 Torch is imported inside functions only.
 """
@@ -174,30 +174,50 @@ class HybridGDNAdapter(TargetAdapter):
         cache.crop(0)
 
     def _recompute(self, cache: Any, snap: GDNSnapshot, n: int, num_rejected: int) -> None:
+        import torch
+
         cache.crop(-num_rejected)  # exact for attention KV and for the recorded conv windows
         layers = self.layers()
-        for i in self.linear_ids:
-            gdn = getattr(layers[i], self.gdn_attr)
-            seen = {name: snap.seen[(i, name)] for name in self.gdn_capture}
-            mixed, a, b = (x[:, :n] for x in self.gdn_inputs(gdn, seen))
-            state = _accepted_state(gdn, snap.conv[i], snap.recurrent[i], mixed, a, b)
-            cache.layers[i].recurrent_states[0].copy_(state)
+        gdns = [getattr(layers[i], self.gdn_attr) for i in self.linear_ids]
+        seen = [
+            self.gdn_inputs(gdn, {name: snap.seen[(i, name)] for name in self.gdn_capture})
+            for i, gdn in zip(self.linear_ids, gdns, strict=True)
+        ]
+        mixed, a, b = (torch.stack([x[j][:, :n] for x in seen]) for j in range(3))  # [L, B, n, *] each
+        windows = torch.stack([snap.conv[i] for i in self.linear_ids])  # [L, B, C, K]
+        states = torch.stack([snap.recurrent[i] for i in self.linear_ids])  # [L, B, Hv, Dk, Dv]
+        new = _accepted_states(gdns, windows, states, mixed, a, b)  # all GDN layers at once: one solve
+        for j, i in enumerate(self.linear_ids):
+            cache.layers[i].recurrent_states[0].copy_(new[j])
 
 
-def _accepted_state(gdn: Any, window, state, mixed, a, b) -> torch.Tensor:
-    """Recurrent state after the n accepted tokens: causal conv, then the delta rule (as `Qwen3_5GatedDeltaNet`)."""
+def _accepted_states(gdns: list[Any], window, state, mixed, a, b) -> torch.Tensor:
+    """Recurrent states of L GDN layers after the n accepted tokens: causal conv, then the delta rule.
+
+    Mirrors `Qwen3_5GatedDeltaNet` per layer; the layers (same shapes) are stacked on a leading dim so the
+    rollback costs a fixed number of kernels, not one set per layer. window [L, B, C, K]; state
+    [L, B, Hv, Dk, Dv]; mixed [L, B, n, C]; a, b [L, B, n, Hv]. Returns [L, B, Hv, Dk, Dv] (fp32).
+    """
     import torch
     import torch.nn.functional as F
 
+    gdn, (layers, batch, n, channels) = gdns[0], mixed.shape
     k_size = gdn.conv_kernel_size
-    w = gdn.conv1d.weight  # [C, 1, K] depthwise
-    x = torch.cat([window[..., -(k_size - 1) :], mixed.transpose(1, 2)], dim=-1).to(w.dtype)  # [B, C, K-1+n]
-    conv = getattr(F, gdn.activation)(F.conv1d(x, w, gdn.conv1d.bias, groups=w.shape[0]))  # [B, C, n]
-    _, k, v = conv.transpose(1, 2).float().split([gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
-    k = k.reshape(*k.shape[:2], gdn.num_k_heads, gdn.head_k_dim)  # [B, n, Hk, Dk]
+    w = torch.cat([g.conv1d.weight for g in gdns])  # [L*C, 1, K] depthwise, layer-major
+    bias = torch.cat([g.conv1d.bias for g in gdns]) if gdn.conv1d.bias is not None else None
+    x = torch.cat([window[..., -(k_size - 1) :], mixed.transpose(-1, -2)], dim=-1).to(
+        w.dtype
+    )  # [L, B, C, K-1+n]
+    x = x.transpose(0, 1).reshape(batch, layers * channels, -1)  # [B, L*C, K-1+n]: one grouped conv
+    conv = getattr(F, gdn.activation)(F.conv1d(x, w, bias, groups=layers * channels))  # [B, L*C, n]
+    conv = conv.view(batch, layers, channels, n).permute(1, 0, 3, 2).float()  # [L, B, n, C]
+    _, k, v = conv.split([gdn.key_dim, gdn.key_dim, gdn.value_dim], dim=-1)
+    k = k.reshape(layers, batch, n, gdn.num_k_heads, gdn.head_k_dim)
     k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)  # l2norm as in the FLA kernel
-    k = k.repeat_interleave(gdn.num_v_heads // gdn.num_k_heads, dim=2).transpose(1, 2)  # [B, Hv, n, Dk]
-    v = v.reshape(*v.shape[:2], gdn.num_v_heads, gdn.head_v_dim).transpose(1, 2)  # [B, Hv, n, Dv]
-    beta = b.float().sigmoid().transpose(1, 2)  # [B, Hv, n]
-    g = (-gdn.A_log.float().exp() * F.softplus(a.float() + gdn.dt_bias)).transpose(1, 2)  # [B, Hv, n]
+    k = k.repeat_interleave(gdn.num_v_heads // gdn.num_k_heads, dim=3).transpose(2, 3)  # [L, B, Hv, n, Dk]
+    v = v.reshape(layers, batch, n, gdn.num_v_heads, gdn.head_v_dim).transpose(2, 3)  # [L, B, Hv, n, Dv]
+    a_log = torch.stack([g.A_log for g in gdns]).float()[:, None, None, :]  # [L, 1, 1, Hv]
+    dt_bias = torch.stack([g.dt_bias for g in gdns]).float()[:, None, None, :]
+    beta = b.float().sigmoid().transpose(-1, -2)  # [L, B, Hv, n]
+    g = (-a_log.exp() * F.softplus(a.float() + dt_bias)).transpose(-1, -2)  # [L, B, Hv, n]
     return gated_delta_final_state(state.float(), k, v, g, beta)
