@@ -91,6 +91,7 @@ class Subject:
     mask_token_id: int
     prompt: list[int]
     source: dict[str, Any]
+    placement: Any = None  # a `placement.Placement` when the target is split across devices (eager only)
 
 
 # ---- what-if acceptance -----------------------------------------------------------------------------
@@ -183,12 +184,20 @@ def random_subject(name: str, device: str, dtype: torch.dtype, opts: BenchOption
 
 
 def pair_subject(
-    target: str | None, draft: str | None, device: str, dtype: torch.dtype, opts: BenchOptions
+    target: str | None,
+    draft: str | None,
+    device: str,
+    dtype: torch.dtype,
+    opts: BenchOptions,
+    devices: str | None = None,
 ) -> Subject:
-    """A real pair (paths, Hub ids, a registry id) or, with neither, the embedded demo pair."""
+    """A real pair (paths, Hub ids, a registry id) or, with neither, the embedded demo pair.
+
+    devices: split the target over these devices ("cuda:0,cuda:1" / "auto"; api.load's `device_map`).
+    """
     from .api import load
 
-    pipe = load(target, draft, device=device, dtype=dtype)
+    pipe = load(target, draft, device=None if devices else device, dtype=dtype, device_map=devices)
     prompt = benchmeta.text_prompt(
         pipe.tokenizer, opts.prompt_tokens, pipe.mask_token_id, pipe.drafter.cfg.vocab_size
     )
@@ -197,17 +206,22 @@ def pair_subject(
         "target": target,
         "draft": draft,
         "registry": benchmeta.registry_entry(target),
+        "placement": pipe.placement.plan.to_dict() if pipe.placement else None,
     }
-    return Subject(pipe.adapter, pipe.drafter, pipe.mask_token_id, prompt, source)
+    return Subject(pipe.adapter, pipe.drafter, pipe.mask_token_id, prompt, source, pipe.placement)
 
 
 # ---- measuring -------------------------------------------------------------------------------------
-def _measure(fn: Callable[[], GenerationResult], opts: BenchOptions, device: torch.device) -> dict[str, Any]:
+def _measure(
+    fn: Callable[[], GenerationResult], opts: BenchOptions, devices: list[torch.device]
+) -> dict[str, Any]:
+    """Median tok/s over `opts.repeats` runs; peak memory summed over `devices` (all of a split target)."""
+    gpus = [d for d in devices if d.type == "cuda"]
     for _ in range(opts.warmup):
         fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
+    for d in gpus:
+        torch.cuda.synchronize(d)
+        torch.cuda.reset_peak_memory_stats(d)
     runs = [fn() for _ in range(opts.repeats)]
     res = runs[-1]
     tps = [r.tokens_per_second for r in runs]
@@ -219,7 +233,8 @@ def _measure(fn: Callable[[], GenerationResult], opts: BenchOptions, device: tor
         "mean_acceptance_length": res.mean_acceptance_length if res.steps else 1.0,
         "histogram": {str(k): v for k, v in res.histogram.items()},
         "ttft_seconds": statistics.median(r.prefill_seconds for r in runs),
-        "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        "peak_memory_bytes": sum(torch.cuda.max_memory_allocated(d) for d in gpus) if gpus else None,
+        "peak_memory_bytes_per_device": {str(d): torch.cuda.max_memory_allocated(d) for d in gpus} or None,
         "output_ids": res.output_ids,
     }
 
@@ -257,6 +272,9 @@ def _runners(path: str, sub: Subject, cfg: GenerationConfig, override, max_len: 
 def run_bench(sub: Subject, opts: BenchOptions, argv: list[str] | None = None) -> dict[str, Any]:
     """Measure every requested path; returns the JSON record (schema `SCHEMA`)."""
     device = next(sub.drafter.parameters()).device
+    devices = [torch.device(d) for d in sub.placement.plan.devices] if sub.placement else [device]
+    if sub.placement and "fast" in opts.paths:
+        raise ValueError("a target split across devices runs the eager path only (--path eager)")
     new_tokens, override = opts.new_tokens, None
     block = opts.block_size or sub.drafter.cfg.block_size
     if opts.what_if_acceptance is not None:
@@ -269,7 +287,7 @@ def run_bench(sub: Subject, opts: BenchOptions, argv: list[str] | None = None) -
     for path in opts.paths:
         log.info("bench: %s path", path)
         ar_fn, spec_fn, eng = _runners(path, sub, cfg, override, len(sub.prompt) + new_tokens, opts)
-        ar, spec = _measure(ar_fn, opts, device), _measure(spec_fn, opts, device)
+        ar, spec = _measure(ar_fn, opts, devices), _measure(spec_fn, opts, devices)
         benchmeta.add_roofline(ar, spec, wbytes, bw)
         results[path] = {
             "autoregressive": ar,

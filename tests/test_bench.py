@@ -99,3 +99,19 @@ def test_bench_cli_writes_the_record(tmp_path, monkeypatch):
 def test_bench_cli_usage_errors():
     result = CliRunner().invoke(cli, ["bench", "--shape", "nope"])
     assert result.exit_code == 2 and "unknown shape" in result.output
+
+
+def test_bench_split_target_runs_eager_and_records_the_placement(tmp_path, monkeypatch):
+    """--devices places the pair's target (here over two CPU slots: every hook runs) and benches it eagerly."""
+    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args = ["bench", "--devices", "cpu,cpu", "--prompt-tokens", "8", "--new-tokens", "8", "--warmup", "0",
+            "--repeats", "1", "--json"]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    rec = json.loads(next((tmp_path / "bench").glob("*.json")).read_text())
+    assert list(rec["results"]) == ["eager"]  # no fast path for a split target
+    placement = rec["subject"]["placement"]
+    assert placement["devices"] == ["cpu", "cpu"] and placement["head"] == "cpu"
+    bad = CliRunner().invoke(cli, ["bench", "--devices", "cpu,cpu", "--path", "fast"])
+    assert bad.exit_code == 2 and "eager path only" in bad.output

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ..output import emit_json, info, stdout, table
+from .run import devices_option
 
 EXAMPLES = """
 \b
@@ -35,6 +36,7 @@ Environment: DFLASH_ZOO_HOME (results go to $DFLASH_ZOO_HOME/bench/), HF_HOME, H
 @click.option("--block-size", type=click.IntRange(min=2), default=None, help="Default: the drafter's.")
 @click.option("--dtype", default="auto", show_default=True, help="auto, bf16, fp16 or fp32.")
 @click.option("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available).")
+@devices_option
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True)
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option(
@@ -69,7 +71,7 @@ Environment: DFLASH_ZOO_HOME (results go to $DFLASH_ZOO_HOME/bench/), HF_HOME, H
     help="JSON record path (default: $DFLASH_ZOO_HOME/bench/<time>-<name>.json).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON record on stdout.")
-def bench(entry, target, draft, shape, dtype, device, paths, out, as_json, compile_steps, **kw):
+def bench(entry, target, draft, shape, dtype, device, devices, paths, out, as_json, compile_steps, **kw):
     """Autoregressive vs DFlash speed on one target and prompt, with a provenance record."""
 
     from .. import bench as B
@@ -78,20 +80,28 @@ def bench(entry, target, draft, shape, dtype, device, paths, out, as_json, compi
 
     if shape and (entry or target or draft):
         raise click.UsageError("--shape builds a random target; do not combine it with a model")
+    if devices and (shape or device):
+        raise click.UsageError(
+            "--devices splits a real pair; not with --device or --shape (scripts/gpu_multi.py places random shapes)"
+        )
+    if devices and "fast" in paths:
+        raise click.UsageError("a target split across devices runs the eager path only (--path eager)")
     if shape and shape not in B.SHAPES:
         raise click.UsageError(f"unknown shape {shape!r}; known: {', '.join(B.SHAPES)}")
-    device = device or default_device()
+    first = ("cuda" if devices.strip() == "auto" else devices.split(",")[0].strip()) if devices else None
+    device = device or first or default_device()
     torch_dtype = parse_dtype(dtype, device)
-    info(f"building {'shape ' + shape if shape else entry or target or 'the demo pair'} on {device} ...")
+    where = devices or device
+    info(f"building {'shape ' + shape if shape else entry or target or 'the demo pair'} on {where} ...")
     opts = B.BenchOptions(paths=tuple(paths) or ("fast",), compile=compile_steps, **kw)
     if shape:
         sub = B.random_subject(shape, device, torch_dtype, opts)
     else:
-        sub = B.pair_subject(entry or target, draft, device, torch_dtype, opts)
+        sub = B.pair_subject(entry or target, draft, device, torch_dtype, opts, devices)
     if not paths:
         from ..fast import unsupported_reason
 
-        reason = unsupported_reason(sub.adapter)
+        reason = "split target" if sub.placement else unsupported_reason(sub.adapter)
         opts = B.BenchOptions(**{**vars(opts), "paths": ("eager",) if reason else ("fast",)})
     record = B.run_bench(sub, opts, ["dflash-zoo", *sys.argv[1:]])
     path = out or benchmeta.default_out(shape or entry or target or "demo")
