@@ -120,16 +120,12 @@ def whatif_new_tokens(tau: float, requested: int) -> int:
 
 
 # ---- building subjects ---------------------------------------------------------------------------
-def random_subject(name: str, device: str, dtype: torch.dtype, opts: BenchOptions) -> Subject:
-    """A random-weight target of shape `name` and a random drafter for it (no download)."""
+def shape_target(s: Shape, device: str, dtype: torch.dtype, max_positions: int = 40960) -> Any:
+    """A random-weight transformers model of shape `s`, built directly on `device` (no download)."""
     import transformers
 
     from .adapters import get_adapter
-    from .config import default_target_layer_ids, normalize_draft_config
-    from .drafter import DFlashDrafter
 
-    s = SHAPES[name]
-    torch.manual_seed(opts.seed)
     kw = dict(
         vocab_size=s.vocab,
         hidden_size=s.hidden,
@@ -138,7 +134,7 @@ def random_subject(name: str, device: str, dtype: torch.dtype, opts: BenchOption
         num_key_value_heads=s.kv_heads,
         head_dim=s.head_dim,
         intermediate_size=s.ffn,
-        max_position_embeddings=max(40960, opts.prompt_tokens + opts.new_tokens + 64),
+        max_position_embeddings=max_positions,
         rope_parameters={"rope_type": "default", "rope_theta": s.rope_theta},
         **s.extra,
     )
@@ -147,7 +143,18 @@ def random_subject(name: str, device: str, dtype: torch.dtype, opts: BenchOption
     cfg = transformers.AutoConfig.for_model(s.model_type, **kw)
     auto = getattr(transformers, get_adapter(s.model_type).auto_class)
     with torch.device(device):
-        model = auto.from_config(cfg, dtype=dtype).eval()
+        return auto.from_config(cfg, dtype=dtype).eval()
+
+
+def random_subject(name: str, device: str, dtype: torch.dtype, opts: BenchOptions) -> Subject:
+    """A random-weight target of shape `name` and a random drafter for it (no download)."""
+    from .adapters import get_adapter
+    from .config import default_target_layer_ids, normalize_draft_config
+    from .drafter import DFlashDrafter
+
+    s = SHAPES[name]
+    torch.manual_seed(opts.seed)
+    model = shape_target(s, device, dtype, max(40960, opts.prompt_tokens + opts.new_tokens + 64))
     taps = default_target_layer_ids(s.layers, s.draft_taps)
     draft = normalize_draft_config(
         {

@@ -22,68 +22,32 @@ import time
 from pathlib import Path
 
 import torch
+from _repo import map_adapters  # scripts/ is on sys.path when run as a script
 
-ROOT = Path(__file__).resolve().parents[1]
+from dflash_zoo.bench import SHAPES, Shape, shape_target  # imports no adapter: map_adapters may run later
+
 BLOCK = 16
-TINY = dict(
-    hidden_size=256,
-    num_hidden_layers=8,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    head_dim=32,
-    intermediate_size=512,
-    vocab_size=1024,
-    linear_num_key_heads=4,
-    linear_num_value_heads=8,
-    linear_key_head_dim=32,
-    linear_value_head_dim=32,
-)  # fmt: skip  (docs/hybrid-rollback.md's CPU setup)
-
-
-def map_adapters() -> None:
-    """Without an install, `dflash_zoo.adapters` (a package-dir mapping of adapters/) must be mapped by hand."""
-    try:
-        import dflash_zoo.adapters  # noqa: F401
-    except ModuleNotFoundError:
-        spec = importlib.util.spec_from_file_location(
-            "dflash_zoo.adapters",
-            ROOT / "adapters" / "__init__.py",
-            submodule_search_locations=[str(ROOT / "adapters")],
-        )
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["dflash_zoo.adapters"] = mod
-        spec.loader.exec_module(mod)
-
-
-def shape_kwargs(tiny: bool) -> dict:
-    if tiny:
-        return dict(TINY)
-    from dflash_zoo.bench import SHAPES
-
-    s = SHAPES["qwen3.5-9b"]
-    return dict(
-        hidden_size=s.hidden,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        num_key_value_heads=s.kv_heads,
-        head_dim=s.head_dim,
-        intermediate_size=s.ffn,
-        vocab_size=s.vocab,
-    )
+# docs/hybrid-rollback.md's CPU setup (--tiny)
+TINY = Shape("qwen3_5_text", hidden=256, layers=8, vocab=1024, heads=8, kv_heads=2, head_dim=32, ffn=512,
+             rope_theta=1e7, mask_token_id=1023, extra=dict(linear_num_key_heads=4, linear_num_value_heads=8,
+             linear_key_head_dim=32, linear_value_head_dim=32))  # fmt: skip
+# config fields written to the record
+RECORDED = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+)
 
 
 def build(tiny: bool, device: str, dtype: torch.dtype):
-    import transformers
-
-    kw = shape_kwargs(tiny)
-    cfg = transformers.AutoConfig.for_model(
-        "qwen3_5_text",
-        max_position_embeddings=40960,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
-        **kw,
-    )
-    with torch.device(device):
-        return transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval(), kw
+    """(model, recorded shape): the tiny CPU shape or bench's "qwen3.5-9b", through bench's builder."""
+    s = TINY if tiny else SHAPES["qwen3.5-9b"]
+    model = shape_target(s, device, dtype)
+    return model, {k: getattr(model.config, k) for k in (*RECORDED, *s.extra)}
 
 
 def kernels() -> dict:

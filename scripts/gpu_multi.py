@@ -13,7 +13,6 @@ Run: PYTHONPATH=. python3 scripts/gpu_multi.py --out $OUT/multi.json
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -21,28 +20,13 @@ import traceback
 from pathlib import Path
 
 import torch
+from _repo import ROOT, map_adapters  # scripts/ is on sys.path when run as a script
 
-ROOT = Path(__file__).resolve().parents[1]
 T0 = time.time()
 
 
 def say(*a) -> None:
     print(f"[{time.time() - T0:6.1f}s]", *a, file=sys.stderr, flush=True)
-
-
-def map_adapters() -> None:
-    """Without an install, `dflash_zoo.adapters` (a package-dir mapping of adapters/) must be mapped by hand."""
-    try:
-        import dflash_zoo.adapters  # noqa: F401
-    except ModuleNotFoundError:
-        spec = importlib.util.spec_from_file_location(
-            "dflash_zoo.adapters",
-            ROOT / "adapters" / "__init__.py",
-            submodule_search_locations=[str(ROOT / "adapters")],
-        )
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["dflash_zoo.adapters"] = mod
-        spec.loader.exec_module(mod)
 
 
 def lossless(model_type: str, n_prompts: int = 3, new: int = 32) -> dict:
