@@ -88,8 +88,11 @@ def bench(entry, target, draft, shape, dtype, device, devices, paths, out, as_js
         raise click.UsageError("a target split across devices runs the eager path only (--path eager)")
     if shape and shape not in B.SHAPES:
         raise click.UsageError(f"unknown shape {shape!r}; known: {', '.join(B.SHAPES)}")
-    first = ("cuda" if devices.strip() == "auto" else devices.split(",")[0].strip()) if devices else None
-    device = device or first or default_device()
+    if devices:  # the dtype default follows the first device of a split target, as in `api.load`
+        from ..placement import parse_devices
+
+        device = parse_devices(devices)[0]
+    device = device or default_device()
     torch_dtype = parse_dtype(dtype, device)
     where = devices or device
     info(f"building {'shape ' + shape if shape else entry or target or 'the demo pair'} on {where} ...")
