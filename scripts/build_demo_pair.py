@@ -43,11 +43,11 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 FULL = dict(vocab=8192, hidden=256, layers=6, inter=768, heads=4, kv=2, seq=512, batch=64, lr=2e-3,
-            target_s=140, draft_s=330, abl_s=300, draft_layers=3, n_text=24000, n_chat=4000, eval_n=30,
-            draft_batch=64, anchors=48, regen_batch=8192, site_share=0.6)  # fmt: skip
+            target_epochs=48.0, draft_s=330, abl_s=300, draft_layers=3, n_text=24000, n_chat=4000, eval_n=30,
+            draft_batch=64, anchors=48, regen_batch=8192, site_share=0.6, data_seed=1)  # fmt: skip
 TINY = dict(vocab=600, hidden=64, layers=4, inter=128, heads=4, kv=2, seq=128, batch=8, lr=3e-3,
-            target_s=20, draft_s=20, abl_s=10, draft_layers=2, n_text=24, n_chat=8, eval_n=3,
-            draft_batch=8, anchors=16, regen_batch=64, site_share=0.5)  # fmt: skip
+            target_epochs=2.0, draft_s=20, abl_s=10, draft_layers=2, n_text=24, n_chat=8, eval_n=3,
+            draft_batch=8, anchors=16, regen_batch=64, site_share=0.5, data_seed=1)  # fmt: skip
 T0 = time.time()
 
 
@@ -72,34 +72,25 @@ def read(root: Path, rel: str) -> str:
 
 
 def prep(work: Path, hp: dict, tiny: bool) -> None:
-    """Tokenizer + token stream + file lists into `work` (skipped when present)."""
+    """Tokenizer + token stream + file lists into `work` (skipped when present).
+
+    A tokenizer already in `work/tokenizer` (e.g. the shipped target's, to retrain only the target) is kept.
+    """
     if (work / "tokens.bin").is_file():
         return
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from transformers import AutoTokenizer
 
     root, train, held = corpus_files()
     if tiny:
         train, held = train[:40], held[:4]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=hp["vocab"], special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator((read(root, r) for r in train), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|endoftext|>",
-        pad_token="<|pad|>",
-        additional_special_tokens=SPECIALS[2:],
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(work / "tokenizer")
+    if not (work / "tokenizer").is_dir():
+        train_tokenizer(root, train, hp["vocab"]).save_pretrained(work / "tokenizer")
+    fast = AutoTokenizer.from_pretrained(work / "tokenizer")
     import numpy as np
 
     eos = fast.convert_tokens_to_ids("<|endoftext|>")
-    ids = [t for enc in tok.encode_batch([read(root, r) for r in train]) for t in enc.ids + [eos]]  # parallel
+    encs = fast.backend_tokenizer.encode_batch([read(root, r) for r in train])  # parallel
+    ids = [t for enc in encs for t in enc.ids + [eos]]
     np.asarray(ids, dtype=np.uint16).tofile(work / "tokens.bin")
     meta = {
         "stdlib": str(root),
@@ -110,6 +101,28 @@ def prep(work: Path, hp: dict, tiny: bool) -> None:
     }
     (work / "corpus.json").write_text(json.dumps({**meta, "train": train}, indent=1))
     say(f"prep: {len(train)} train files, {len(held)} held out, {len(ids):,} tokens, vocab {len(fast)}")
+
+
+def train_tokenizer(root: Path, train: list[str], vocab: int):
+    """Byte-level BPE over the training files, with the reserved specials and the chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator((read(root, r) for r in train), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>",
+        pad_token="<|pad|>",
+        additional_special_tokens=SPECIALS[2:],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
 
 
 def corpus_lists(work: Path) -> None:
@@ -130,7 +143,11 @@ def chat_wrap(tok, chunk: list[int], rng: random.Random) -> list[int]:
 
 
 def train_target(work: Path, out: Path, hp: dict, device: str) -> dict:
-    """Next-token training of a fresh Qwen3 for `target_s` seconds (cosine over time); saved in bf16."""
+    """Next-token training of a fresh Qwen3 for `target_epochs` passes over the corpus (cosine); saved in bf16.
+
+    The epoch count sets how much the target memorises: the first builds ran 48 epochs (train loss 0.17) and
+    their greedy output on unseen code was erratic, which caps what any drafter can anticipate.
+    """
     import numpy as np
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
@@ -146,18 +163,19 @@ def train_target(work: Path, out: Path, hp: dict, device: str) -> dict:
     model = Qwen3ForCausalLM(cfg).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=hp["lr"], betas=(0.9, 0.95), weight_decay=0.1)
     rng, gen = random.Random(0), torch.Generator().manual_seed(0)
-    seq, bs, t0, step, loss = hp["seq"], hp["batch"], time.time(), 0, None
+    seq, bs, t0, loss = hp["seq"], hp["batch"], time.time(), None
+    steps = max(1, round(hp["target_epochs"] * len(data) / (bs * seq)))
     amp = (
         torch.autocast("cuda", torch.bfloat16)
         if device.startswith("cuda")
         else torch.autocast("cpu", enabled=False)
     )
-    while (frac := (time.time() - t0) / hp["target_s"]) < 1:
+    for step in range(steps):
         starts = torch.randint(0, len(data) - seq - 1, (bs,), generator=gen)
         rows = [data[s : s + seq + 1].tolist() for s in starts.tolist()]
         rows = [chat_wrap(tok, r, rng) if i % 4 == 0 else r for i, r in enumerate(rows)]
         x = torch.tensor(rows, device=device)  # [bs, seq+1]
-        lr = hp["lr"] * min(1.0, step / 100) * 0.5 * (1 + np.cos(np.pi * frac))
+        lr = hp["lr"] * min(1.0, step / 100) * 0.5 * (1 + np.cos(np.pi * step / steps))
         for g in opt.param_groups:
             g["lr"] = lr
         with amp:
@@ -167,9 +185,8 @@ def train_target(work: Path, out: Path, hp: dict, device: str) -> dict:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        step += 1
-        if step % 200 == 0:
-            say(f"target step {step} loss {loss.item():.3f}")
+        if (step + 1) % 200 == 0:
+            say(f"target step {step + 1}/{steps} loss {loss.item():.3f}")
     model = model.to(torch.bfloat16).eval()
     model.generation_config.eos_token_id = [eos, end]
     model.generation_config.pad_token_id = tok.pad_token_id
@@ -177,14 +194,41 @@ def train_target(work: Path, out: Path, hp: dict, device: str) -> dict:
     tok.save_pretrained(out / "target")
     n = sum(p.numel() for p in model.parameters())
     info = {
-        "steps": step,
+        "epochs": hp["target_epochs"],
+        "steps": steps,
         "seconds": round(time.time() - t0, 1),
         "final_loss": round(loss.item(), 3),
         "params": n,
-        "tokens_seen": step * bs * seq,
+        "tokens_seen": steps * bs * seq,
     }
     say(f"target: {info}")
     return info
+
+
+def target_report(work: Path, out: Path, hp: dict, device: str) -> dict:
+    """Held-out next-token loss of the target and its greedy continuation of a demo prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root, _, _ = corpus_files()
+    held = json.loads((work / "corpus.json").read_text())["held_out"]
+    tok = AutoTokenizer.from_pretrained(out / "target")
+    model = AutoModelForCausalLM.from_pretrained(out / "target", dtype=torch.float32).to(device).eval()
+    total, count, seq = 0.0, 0, hp["seq"]
+    with torch.no_grad():
+        for rel in held:
+            ids = torch.tensor(tok.encode(read(root, rel)), device=device)
+            for chunk in ids.split(seq + 1):  # non-overlapping windows of the file
+                if len(chunk) < 2:
+                    continue
+                logits = model(input_ids=chunk[None, :-1]).logits[0]  # [n, V]
+                total += torch.nn.functional.cross_entropy(logits, chunk[1:], reduction="sum").item()
+                count += len(chunk) - 1
+        prompt = tok("def fibonacci(n):", return_tensors="pt").input_ids.to(device)
+        sample = model.generate(prompt, max_new_tokens=64, do_sample=False)[0, prompt.shape[1] :]
+    report = {"held_out_loss": round(total / max(count, 1), 3), "held_out_tokens": count}
+    say(f"target report: {report}")
+    return {**report, "sample": tok.decode(sample)}
 
 
 def site_files() -> list[Path]:
@@ -204,7 +248,7 @@ def write_data(work: Path, hp: dict) -> tuple[Path, Path]:
     meta = json.loads((work / "corpus.json").read_text())
     train, held = meta["train"], meta["held_out"]
     site = site_files() if hp.get("site_share") else []
-    rng = random.Random(1)
+    rng = random.Random(hp["data_seed"])
     lines = []
     for i in range(hp["n_text"] + hp["n_chat"]):
         novel = site and rng.random() < hp["site_share"]
@@ -272,16 +316,24 @@ def run_all(cmds: dict[str, list[str]], env: dict, logdir: Path) -> dict[str, di
 
 
 def drafters(
-    work: Path, out: Path, hp: dict, device: str, abl_device: str, ablations: bool, data: Path
+    work: Path,
+    out: Path,
+    hp: dict,
+    device: str,
+    abl_device: str,
+    ablations: bool,
+    data: Path,
+    init: Path | None = None,
 ) -> tuple[dict, dict]:
-    """Main drafter (+ ablations in parallel once the regenerated data is cached)."""
+    """Main drafter, from `init` when given (+ ablations in parallel once the regenerated data is cached)."""
     env = {**os.environ, "DFLASH_ZOO_HOME": str(work / "home"), "PYTHONUNBUFFERED": "1"}
     target, runs = out / "target", work / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     first = run_all(
         {"regen": train_cmd(target, data, runs / "warm", hp, device, 1, ["--steps", "1"])}, env, runs
     )
-    cmds = {"main": train_cmd(target, data, runs / "main", hp, device, hp["draft_s"], [])}
+    main_flags = ["--init", str(init)] if init else []
+    cmds = {"main": train_cmd(target, data, runs / "main", hp, device, hp["draft_s"], main_flags)}
     if ablations:
         cmds |= {
             n: train_cmd(target, data, runs / n, hp, abl_device, hp["abl_s"], f) for n, f in VARIANTS.items()
@@ -350,18 +402,30 @@ def main() -> None:
     ap.add_argument(
         "--ablation-device", default=None, help="Device for the ablation runs (default: --device)."
     )
-    ap.add_argument("--scale", type=float, default=1.0, help="Multiply every time budget.")
+    ap.add_argument("--scale", type=float, default=1.0, help="Multiply the drafter time budgets.")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Override one hp entry.")
+    ap.add_argument("--tokenizer", type=Path, help="Reuse this tokenizer (e.g. dflash_zoo/demo/target).")
+    ap.add_argument("--init", type=Path, help="Start the main drafter from this drafter directory.")
     args = ap.parse_args()
     import torch
 
     hp = dict(TINY if args.tiny else FULL)
-    for k in ("target_s", "draft_s", "abl_s"):
+    for item in args.set:
+        key, _, value = item.partition("=")
+        if key not in hp:
+            ap.error(f"--set {item}: unknown key (one of {', '.join(hp)})")
+        hp[key] = type(hp[key])(value)
+    for k in ("draft_s", "abl_s"):
         hp[k] *= args.scale
     if args.tiny:
         hp["regen_tokens"] = 48
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     abl_device = args.ablation_device or device
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.tokenizer and not (args.work / "tokenizer").is_dir():
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(args.tokenizer).save_pretrained(args.work / "tokenizer")
     if args.stage == "draft":
         corpus_lists(args.work)
     else:
@@ -373,7 +437,10 @@ def main() -> None:
     info = {"hardware": hardware(device)}
     if args.stage == "all":
         info["target"] = train_target(args.work, args.out, hp, device)
-    info["drafters"], env = drafters(args.work, args.out, hp, device, abl_device, args.ablations, data)
+    info["target_report"] = target_report(args.work, args.out, hp, device)
+    info["drafters"], env = drafters(
+        args.work, args.out, hp, device, abl_device, args.ablations, data, args.init
+    )
     names = list(VARIANTS) if args.ablations else []
     info["eval"] = evaluate_all(args.work, args.out, held, device, abl_device, names, env)
     info["wall_seconds"] = time.time() - T0
