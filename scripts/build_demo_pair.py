@@ -43,11 +43,12 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 FULL = dict(vocab=8192, hidden=256, layers=6, inter=768, heads=4, kv=2, seq=512, batch=64, lr=2e-3,
-            target_epochs=48.0, draft_s=330, abl_s=300, draft_layers=3, n_text=24000, n_chat=4000, eval_n=30,
-            draft_batch=64, anchors=48, regen_batch=8192, site_share=0.6, data_seed=1)  # fmt: skip
+            target_epochs=8.0, draft_s=330, abl_s=300, draft_layers=3, n_text=24000, n_chat=4000, eval_n=30,
+            draft_batch=64, anchors=48, regen_batch=8192, site_share=0.6, data_seed=1, abl_steps=0)  # fmt: skip
 TINY = dict(vocab=600, hidden=64, layers=4, inter=128, heads=4, kv=2, seq=128, batch=8, lr=3e-3,
             target_epochs=2.0, draft_s=20, abl_s=10, draft_layers=2, n_text=24, n_chat=8, eval_n=3,
-            draft_batch=8, anchors=16, regen_batch=64, site_share=0.5, data_seed=1)  # fmt: skip
+            draft_batch=8, anchors=16, regen_batch=64, site_share=0.5, data_seed=1, abl_steps=0)  # fmt: skip
+DEMO_PROMPT = "def read_lines(path):"  # the README's main command
 T0 = time.time()
 
 
@@ -206,7 +207,7 @@ def train_target(work: Path, out: Path, hp: dict, device: str) -> dict:
 
 
 def target_report(work: Path, out: Path, hp: dict, device: str) -> dict:
-    """Held-out next-token loss of the target and its greedy continuation of a demo prompt."""
+    """Held-out next-token loss of the target (the epoch count is chosen by it) and its greedy demo output."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -224,7 +225,7 @@ def target_report(work: Path, out: Path, hp: dict, device: str) -> dict:
                 logits = model(input_ids=chunk[None, :-1]).logits[0]  # [n, V]
                 total += torch.nn.functional.cross_entropy(logits, chunk[1:], reduction="sum").item()
                 count += len(chunk) - 1
-        prompt = tok("def fibonacci(n):", return_tensors="pt").input_ids.to(device)
+        prompt = tok(DEMO_PROMPT, return_tensors="pt").input_ids.to(device)
         sample = model.generate(prompt, max_new_tokens=64, do_sample=False)[0, prompt.shape[1] :]
     report = {"held_out_loss": round(total / max(count, 1), 3), "held_out_tokens": count}
     say(f"target report: {report}")
@@ -335,8 +336,11 @@ def drafters(
     main_flags = ["--init", str(init)] if init else []
     cmds = {"main": train_cmd(target, data, runs / "main", hp, device, hp["draft_s"], main_flags)}
     if ablations:
+        # abl_steps > 0: every variant takes the same number of steps (abl_s still caps the time)
+        same = ["--steps", str(hp["abl_steps"])] if hp["abl_steps"] else []
         cmds |= {
-            n: train_cmd(target, data, runs / n, hp, abl_device, hp["abl_s"], f) for n, f in VARIANTS.items()
+            n: train_cmd(target, data, runs / n, hp, abl_device, hp["abl_s"], f + same)
+            for n, f in VARIANTS.items()
         }
     res = run_all(cmds, env, runs)
     res["regen"] = first["regen"]
