@@ -1,19 +1,25 @@
-"""The embedded demo pair loads offline and greedy speculative output equals the target's greedy output."""
+"""The embedded demo pair loads offline, is lossless and trained; its build script runs end to end (tiny)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from dflash_zoo import demo
 
-pytestmark = pytest.mark.skipif(
+ROOT = Path(__file__).resolve().parents[1]
+needs_demo = pytest.mark.skipif(
     not demo.available(), reason="demo pair not built (scripts/build_demo_pair.py)"
 )
 
 
-def test_demo_pair_is_lossless_offline(monkeypatch):
+@needs_demo
+def test_demo_pair_is_lossless_offline_and_trained(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from dflash_zoo.api import load
 
@@ -22,8 +28,37 @@ def test_demo_pair_is_lossless_offline(monkeypatch):
     assert pipe.tokenizer is not None and pipe.mask_token_id == pipe.tokenizer.convert_tokens_to_ids(
         "<|MASK|>"
     )
-    for prompt in ("import os\n\ndef ", "class Stack:\n    def __init__(self):\n"):
-        spec = pipe.generate(prompt, raw=True, max_new_tokens=40)
-        base = pipe.generate_autoregressive(prompt, raw=True, max_new_tokens=40)
+    steps = accepted = 0
+    prompts = ("import os\n\ndef ", "class Stack:\n    def __init__(self):\n", "for i in range(10):\n")
+    for prompt in prompts:
+        spec = pipe.generate(prompt, raw=True, max_new_tokens=64)
+        base = pipe.generate_autoregressive(prompt, raw=True, max_new_tokens=64)
         assert spec.output_ids == base.output_ids
-        assert spec.steps and spec.mean_acceptance_length >= 1.0
+        steps += len(spec.steps)
+        accepted += sum(s.acceptance_length for s in spec.steps)
+    # an untrained or mismatched drafter sits at ~1.0; the shipped one measures ~3 here (~5 held out)
+    assert accepted / steps > 1.5
+
+
+@pytest.mark.slow
+def test_build_script_runs_end_to_end_at_tiny_scale(tmp_path):
+    """Every stage of scripts/build_demo_pair.py on CPU (~30 s): the shipped pair's rebuild path stays alive."""
+    work, out = tmp_path / "work", tmp_path / "demo"
+    sets = ["target_epochs=0.2", "draft_s=3", "eval_n=1", "n_text=8", "n_chat=2"]
+    cmd = [sys.executable, "scripts/build_demo_pair.py", "--tiny", "--device", "cpu"]
+    cmd += ["--work", str(work), "--out", str(out), *[a for s in sets for a in ("--set", s)]]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["target"]["epochs"] == 0.2 and res["target"]["steps"] >= 1
+    assert res["target_report"]["held_out_tokens"] > 0
+    main = res["eval"]["main"]
+    assert main["outputs_match_autoregressive"] == main["prompts"] == 1
+    assert (out / "draft" / "model.safetensors").is_file() and (out / "PROVENANCE.md").is_file()
+
+
+def test_build_script_rejects_unknown_hp_key():
+    cmd = [sys.executable, "scripts/build_demo_pair.py", "--tiny", "--set", "nope=1"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--set nope=1: unknown key" in proc.stderr
