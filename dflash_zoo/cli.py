@@ -91,7 +91,7 @@ def cli(verbose: int) -> None:
 
     \b
     Examples:
-      dflash-zoo generate "def fib(n):"          # embedded demo pair, offline, CPU
+      dflash-zoo generate "def read_lines(path):"  # embedded demo pair, offline, CPU
       dflash-zoo list
       dflash-zoo check --target Qwen/Qwen3-8B
       dflash-zoo generate "Hi" --target Qwen/Qwen3-8B --draft z-lab/Qwen3-8B-DFlash-b16
