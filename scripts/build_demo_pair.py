@@ -5,8 +5,10 @@ Stages (each cached in --work, so `--stage prep` can run on a CPU box and the re
           sha1(relative path) mod 20 == 0 are held out; a byte-level BPE tokenizer (`tokenizers`) with
           reserved special tokens (`<|endoftext|>`, `<|pad|>`, `<|MASK|>`, chat roles) and a chat template;
           the training files tokenised into one uint16 stream.
-  target: a Qwen3 trained from scratch (next-token loss; a quarter of the sequences are wrapped in the chat
-          template as "continue this code" turns so chat-mode prompts work); saved in bf16.
+  target: a Qwen3 trained from scratch for `target_epochs` passes (next-token loss; a quarter of the sequences
+          are wrapped in the chat template as "continue this code" turns so chat-mode prompts work); saved in
+          bf16, with its held-out loss. 8 epochs had the lowest held-out loss of 3 / 8 / 20
+          (`scripts/gpu_demo_sweep.sh`); targets that memorise more are harder to draft for.
   draft:  `python -m dflash_zoo train --regenerate` (the CLI's own code path): the target continues code
           prefixes (raw) and chat prompts, greedy; the drafter learns those responses. With --ablations the
           docs/ablations.md variants train in parallel processes on the same regenerated data (on
@@ -18,7 +20,10 @@ Outputs land in --out: target/, draft/, PROVENANCE.md, results.json (and ablatio
     python scripts/build_demo_pair.py --stage prep                    # CPU: corpus + tokenizer
     python scripts/build_demo_pair.py --ablations --out $OUT/demo     # GPU: the rest
     python scripts/build_demo_pair.py --stage draft --ablations --ablation-device cuda:1 --out dflash_zoo/demo
+    python scripts/build_demo_pair.py --stage draft --init dflash_zoo/demo/draft --set data_seed=3 ...  # continue
     python scripts/build_demo_pair.py --tiny --out /tmp/demo          # CPU smoke test, all stages
+The shipped drafter is a from-scratch run continued twice on fresh prompts (`--init`, a new `data_seed` each
+time); dflash_zoo/demo/PROVENANCE.md gives the exact commands (scripts/gpu_demo_sweep.sh, gpu_demo_draft.sh).
 """
 
 from __future__ import annotations
@@ -374,6 +379,7 @@ def provenance(out: Path, work: Path, hp: dict, info: dict) -> None:
         f"- held out: {len(meta['held_out'])} files with sha1(relative path) % 20 == 0 (list below)",
         f"- tokenizer: byte-level BPE, vocab {hp['vocab']}, specials {', '.join(SPECIALS[:7])} (+ reserved)",
         f"- target: Qwen3, hidden {hp['hidden']}, {hp['layers']} layers, tied embeddings, bf16; {json.dumps(info['target'])}",
+        f"- target held-out loss: {info['target_report']['held_out_loss']} over {info['target_report']['held_out_tokens']:,} tokens",
         f"- drafter: {hp['draft_layers']} layers, block 16, trained by `dflash-zoo train --regenerate` on "
         f"{hp['n_text']} code prefixes (raw) + {hp['n_chat']} chat prompts, target-greedy responses; "
         f"{json.dumps({k: v for k, v in info['drafters'].get('main', {}).items() if k != 'history'})}",
@@ -418,7 +424,10 @@ def main() -> None:
         key, _, value = item.partition("=")
         if key not in hp:
             ap.error(f"--set {item}: unknown key (one of {', '.join(hp)})")
-        hp[key] = type(hp[key])(value)
+        try:
+            hp[key] = type(hp[key])(value)
+        except ValueError:
+            ap.error(f"--set {item}: {key} must be {type(hp[key]).__name__}")
     for k in ("draft_s", "abl_s"):
         hp[k] *= args.scale
     if args.tiny:
