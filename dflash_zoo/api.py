@@ -85,6 +85,7 @@ class Pipeline:
     mask_token_id: int = 0
     adapter: Any = None
     fast: bool | None = None  # static-cache CUDA-graph path: None = auto (CUDA, greedy, supported family)
+    compile: bool = False  # torch.compile the fast path's steps (compiled on first use, then reused)
     placement: Any = None  # a `placement.Placement` when the target is split across devices (eager loop only)
     processor_source: str | None = None  # where AutoProcessor loads from, for image prompts
     _engine: Any = field(default=None, repr=False)
@@ -182,13 +183,16 @@ class Pipeline:
                 log.warning("fast path unavailable (%s); using the eager loop", reason)
             return None
         need = prompt_tokens + cfg.max_new_tokens
-        if self._engine is None or self._engine.max_len < need:
+        stale = self._engine is not None and self._engine.compile != self.compile
+        if self._engine is None or self._engine.max_len < need or stale:
             if (
                 self._engine is not None
             ):  # an engine is a reference cycle (its step table): free its buffers now
                 self._engine = None
                 gc.collect()
-            self._engine = FastEngine(self.adapter, self.drafter, self.mask_token_id, max(need, 2048))
+            self._engine = FastEngine(
+                self.adapter, self.drafter, self.mask_token_id, max(need, 2048), compile=self.compile
+            )
         return self._engine
 
     def stream(self, prompt: Any, raw: bool = False, **kw: Any) -> Iterator[str]:

@@ -47,6 +47,13 @@ def test_json_schema_and_lossless_output(pair_dirs):
     assert out["output_ids"] == greedy_reference(model, ids, 16)
 
 
+def test_compile_off_the_gpu_fast_path_is_a_hint_not_an_error(pair_dirs):
+    target, draft = pair_dirs
+    res = _run("hi", "-t", str(target), "-d", str(draft), "-n", "4", "--device", "cpu", "--compile")
+    assert res.exit_code == 0, res.output
+    assert "--compile applies to the single-GPU fast path only" in res.stderr
+
+
 def test_streams_text_to_stdout_and_stats_to_stderr(pair_dirs):
     target, draft = pair_dirs
     res = _run("hi", "-t", str(target), "-d", str(draft), "-n", "8", "--device", "cpu")

@@ -60,3 +60,30 @@ def test_eval_defaults_to_the_embedded_demo_pair(tmp_path):
     obj = json.loads(out.stdout)
     assert obj["prompts"] == 1 and obj["block_size"] == 16  # the demo drafter's block
     assert obj["ar_tokens_per_second"] is None and obj["generated_tokens"] == 8
+
+
+def test_one_time_costs_land_on_no_measured_prompt():
+    """The longest prompt runs first both ways, so the fast engine is built (and captured) before timing."""
+    from dflash_zoo.api import Pipeline
+    from dflash_zoo.evaluate import evaluate
+    from tests.test_fast import MASK, _pair
+
+    adapter, drafter = _pair("qwen3")
+    pipe = Pipeline(model=adapter.model, drafter=drafter, tokenizer=None, mask_token_id=MASK, fast=True)
+    calls = []
+
+    class Recorder:  # forwards to the real pipeline, noting which engine each call found
+        def generate(self, ids, **kw):
+            calls.append(("spec", len(ids), kw["max_new_tokens"], pipe._engine))
+            return pipe.generate(ids, **kw)
+
+        def generate_autoregressive(self, ids, **kw):
+            calls.append(("ar", len(ids), kw["max_new_tokens"], pipe._engine))
+            return pipe.generate_autoregressive(ids, **kw)
+
+    prompts = [[3, 4, 5], [6, 7, 8, 9, 10, 11, 12], [13, 14]]
+    res = evaluate(Recorder(), prompts, max_new_tokens=10)
+    assert [c[:3] for c in calls[:2]] == [("spec", 7, 10), ("ar", 7, 10)]  # warm-up: longest prompt, full length
+    measured = calls[2:]
+    assert len(measured) == 6 and all(c[3] is not None and c[3] is measured[0][3] for c in measured)
+    assert res.prompts == 3 and res.outputs_match_autoregressive == 3

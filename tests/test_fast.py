@@ -211,3 +211,17 @@ def test_pipeline_baseline_runs_on_the_same_path_as_generate():
     res = fast.generate_autoregressive(prompt, max_new_tokens=12)
     assert fast._engine is not None  # the engine was built for the baseline
     assert res.output_ids == eager.generate_autoregressive(prompt, max_new_tokens=12).output_ids
+
+
+def test_pipeline_compile_flag_reaches_the_engine():
+    """`Pipeline.compile` builds a compiling engine; changing the flag rebuilds it (no step runs here)."""
+    from dflash_zoo.api import Pipeline
+
+    adapter, drafter = _pair("qwen3")
+    pipe = Pipeline(model=adapter.model, drafter=drafter, mask_token_id=MASK, fast=True, compile=True)
+    eng = pipe._fast_engine(8, {"max_new_tokens": 8})
+    assert eng.compile and eng.compile_seconds == 0.0  # compiled lazily, on the first step
+    pipe.compile = False
+    plain = pipe._fast_engine(8, {"max_new_tokens": 8})
+    assert plain is not eng and not plain.compile
+    assert pipe._fast_engine(8, {"max_new_tokens": 8}) is plain  # reused while nothing changes

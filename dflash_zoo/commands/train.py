@@ -208,8 +208,8 @@ def train(**p: Any) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def eval_cmd(
-    target, draft, device, devices, dtype, revision, draft_revision, data, raw, prompt_tokens, limit,
-    no_baseline, as_json, **kw,
+    target, draft, device, devices, dtype, revision, draft_revision, compile_steps, data, raw, prompt_tokens,
+    limit, no_baseline, as_json, **kw,
 ) -> None:  # fmt: skip
     """Acceptance statistics and speedup of a target + drafter over a JSONL prompt file.
 
@@ -222,7 +222,7 @@ def eval_cmd(
     """
     from ..evaluate import evaluate, load_prompts
 
-    pipe = load_pipeline(target, draft, device, dtype, revision, draft_revision, devices)
+    pipe = load_pipeline(target, draft, device, dtype, revision, draft_revision, devices, compile_steps)
     prompts = load_prompts(data, pipe.tokenizer, raw, pipe.chat_template_kwargs, prompt_tokens, limit)
     with stderr().status("evaluating...", spinner="dots") as st:
         res = evaluate(
