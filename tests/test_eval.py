@@ -83,7 +83,10 @@ def test_one_time_costs_land_on_no_measured_prompt():
 
     prompts = [[3, 4, 5], [6, 7, 8, 9, 10, 11, 12], [13, 14]]
     res = evaluate(Recorder(), prompts, max_new_tokens=10)
-    assert [c[:3] for c in calls[:2]] == [("spec", 7, 10), ("ar", 7, 10)]  # warm-up: longest prompt, full length
+    assert [c[:3] for c in calls[:2]] == [
+        ("spec", 7, 10),
+        ("ar", 7, 10),
+    ]  # warm-up: longest prompt, full length
     measured = calls[2:]
     assert len(measured) == 6 and all(c[3] is not None and c[3] is measured[0][3] for c in measured)
     assert res.prompts == 3 and res.outputs_match_autoregressive == 3
