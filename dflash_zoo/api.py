@@ -185,10 +185,8 @@ class Pipeline:
         need = prompt_tokens + cfg.max_new_tokens
         stale = self._engine is not None and self._engine.compile != self.compile
         if self._engine is None or self._engine.max_len < need or stale:
-            if (
-                self._engine is not None
-            ):  # an engine is a reference cycle (its step table): free its buffers now
-                self._engine = None
+            if self._engine is not None:
+                self._engine = None  # an engine is a reference cycle (its step table): free its buffers now
                 gc.collect()
             self._engine = FastEngine(
                 self.adapter, self.drafter, self.mask_token_id, max(need, 2048), compile=self.compile
@@ -299,7 +297,7 @@ def load(
     Returns:
         A `Pipeline` with `generate`, `stream` and `generate_autoregressive`.
     """
-    device, devices = _devices(device_map, device)
+    device, devices = resolve_devices(device_map, device)
     torch_dtype = parse_dtype(dtype, devices[0] if devices else device)
     device = "cpu" if devices else device  # a split target is loaded on the CPU first, then placed
     chat_kwargs: dict[str, Any] = {}
@@ -337,7 +335,7 @@ def load(
     )
 
 
-def _devices(device_map: str | list[str] | None, device: str | None) -> tuple[str, list[str] | None]:
+def resolve_devices(device_map: str | list[str] | None, device: str | None) -> tuple[str, list[str] | None]:
     """(device, device slots of a split target or None); a map naming one device is a plain one-device run."""
     if device_map is None:
         return device or default_device(), None

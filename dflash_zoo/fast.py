@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -124,12 +125,25 @@ class FastEngine:
                 self._graph[name] = self._capture(fn)
             self._graph[name].replay()
 
+    def _rewind(self) -> Callable[[], None]:
+        """A function that puts pos and bonus back as they are now, for steps run only to warm or capture.
+
+        K/V rows such a step writes lie at or past pos: scratch that the real step overwrites.
+        """
+        pos, bonus = self.pos.clone(), self.bonus.clone()
+
+        def rewind() -> None:
+            self.pos.copy_(pos)
+            self.bonus.copy_(bonus)
+
+        return rewind
+
     def _warm(self, fn) -> None:
         """First call of a compiled step (this is when it compiles), state restored after; timed on its own."""
         t0 = time.perf_counter()
-        saved = (self.pos.clone(), self.bonus.clone())
-        fn()  # K/V rows it writes lie at or past pos: scratch that the real step overwrites
-        self.pos.copy_(saved[0]), self.bonus.copy_(saved[1])
+        rewind = self._rewind()
+        fn()
+        rewind()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         self.compile_seconds += time.perf_counter() - t0
@@ -137,18 +151,18 @@ class FastEngine:
     def _capture(self, fn) -> Any:
         """Warm up on a side stream (state restored after each call), then capture one step."""
         t0 = time.perf_counter()
-        saved = (self.pos.clone(), self.bonus.clone())
+        rewind = self._rewind()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
                 fn()
-                self.pos.copy_(saved[0]), self.bonus.copy_(saved[1])
+                rewind()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
-        self.pos.copy_(saved[0]), self.bonus.copy_(saved[1])
+        rewind()
         torch.cuda.synchronize()
         self.capture_seconds += time.perf_counter() - t0
         return graph

@@ -76,7 +76,7 @@ def bench(entry, target, draft, shape, dtype, device, devices, paths, out, as_js
 
     from .. import bench as B
     from .. import benchmeta
-    from ..api import default_device, parse_dtype
+    from ..api import parse_dtype, resolve_devices
 
     if shape and (entry or target or draft):
         raise click.UsageError("--shape builds a random target; do not combine it with a model")
@@ -88,11 +88,7 @@ def bench(entry, target, draft, shape, dtype, device, devices, paths, out, as_js
         raise click.UsageError("a target split across devices runs the eager path only (--path eager)")
     if shape and shape not in B.SHAPES:
         raise click.UsageError(f"unknown shape {shape!r}; known: {', '.join(B.SHAPES)}")
-    if devices:  # the dtype default follows the first device of a split target, as in `api.load`
-        from ..placement import parse_devices
-
-        device = parse_devices(devices)[0]
-    device = device or default_device()
+    device, _ = resolve_devices(devices, device)  # a split target: its first device sets the dtype default
     torch_dtype = parse_dtype(dtype, device)
     where = devices or device
     info(f"building {'shape ' + shape if shape else entry or target or 'the demo pair'} on {where} ...")
