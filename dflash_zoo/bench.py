@@ -276,6 +276,16 @@ def _runners(path: str, sub: Subject, cfg: GenerationConfig, override, max_len: 
     return ar, spec, eng
 
 
+def _engine_settings(eng: Any) -> dict[str, Any]:
+    """What the fast path ran with, for the record (inductor options only when compiled)."""
+    return {
+        "graphs": eng.graphs,
+        "compile": eng.compile,
+        "compile_options": eng.compile_options if eng.compile else None,
+        "decode_attention": eng.decode_attention,
+    }
+
+
 def run_bench(sub: Subject, opts: BenchOptions, argv: list[str] | None = None) -> dict[str, Any]:
     """Measure every requested path; returns the JSON record (schema `SCHEMA`)."""
     device = next(sub.drafter.parameters()).device
@@ -303,6 +313,7 @@ def run_bench(sub: Subject, opts: BenchOptions, argv: list[str] | None = None) -
             # one-off costs, paid in the warm-up runs (not in tok/s when warmup >= 1); None for eager
             "compile_seconds": eng.compile_seconds if eng else None,
             "capture_seconds": eng.capture_seconds if eng else None,
+            "engine": None if eng is None else _engine_settings(eng),
         }
     return {
         "schema": SCHEMA,

@@ -13,7 +13,8 @@ What differs from the eager loop (`decode.SpeculativeDecoder`), and why:
   context length, the rest are masked and overwritten (no variable shapes).
 - fewer kernels per step (static.py): fused q/k/v and gate/up weights, `F.rms_norm`, and optionally
   `torch.compile` (inductor, no cudagraphs) of the two step functions before capture; compile time is kept
-  apart from capture time and from throughput (`compile_seconds`, `capture_seconds`).
+  apart from capture time and from throughput (`compile_seconds`, `capture_seconds`). Compiled, the
+  autoregressive step's GEMVs are tuned Triton reductions and its attention explicit sums (measured faster).
 Scope: greedy decoding, batch 1, dense full-attention targets whose adapter sets `static_qk_norm`. Everything else uses decode.py.
 On CPU the same static path runs without graphs; tests compare it token for token with decode.py (fp32).
 """
@@ -29,9 +30,13 @@ import torch
 
 from .decode import AcceptOverride, _truncate
 from .results import GREEDY_RULE, GenerationConfig, GenerationResult, StepRecord
-from .static import StaticDrafter, StaticTarget, unsupported_reason
+from .static import DECODE_ATTENTION, StaticDrafter, StaticTarget, unsupported_reason
 
 log = logging.getLogger("dflash_zoo")
+# inductor settings of compiled steps: with coordinate descent tuning, inductor lowers batch-1 matmuls (every
+# GEMV of an autoregressive step) to Triton reductions it tunes, in place of cuBLAS (docs/perf-notes.md, Version 3)
+COMPILE_OPTIONS: dict[str, Any] = {"coordinate_descent_tuning": True}
+COMPILED_DECODE_ATTENTION = "sums"  # measured: 15.5 us a layer against SDPA's 28 (Qwen3-8B shape, H200)
 
 
 class FastEngine:
@@ -44,8 +49,10 @@ class FastEngine:
         fuse: one GEMM for q/k/v and one for gate/up; the modules' weights become views of the fused
             tensors (no extra memory; the HF forward and the drafter's checkpoint names are unchanged).
         fast_norm: RMSNorm through `F.rms_norm` (same numerics as HF's formula; fewer kernels).
-        compile: `torch.compile` the two step functions (inductor, `compile_mode`, no dynamic shapes);
-            graphs are still captured here, so modes with their own cudagraphs ("reduce-overhead") do not fit.
+        compile: `torch.compile` the two step functions (inductor, no dynamic shapes, no inductor cudagraphs:
+            graphs are captured here) with `compile_options` (default `COMPILE_OPTIONS`).
+        decode_attention: attention of the autoregressive step (`static.DECODE_ATTENTION`); default:
+            `COMPILED_DECODE_ATTENTION` when compiling, else "sdpa" (the others are fast only when compiled).
     """
 
     def __init__(
@@ -59,7 +66,8 @@ class FastEngine:
         fuse: bool = True,
         fast_norm: bool = True,
         compile: bool = False,  # shadows the builtin in __init__ only: the public name of the flag
-        compile_mode: str = "default",
+        compile_options: dict[str, Any] | None = None,
+        decode_attention: str | None = None,
     ):
         reason = unsupported_reason(adapter)
         if reason:
@@ -70,7 +78,15 @@ class FastEngine:
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         size = -(-(max_len + 2 * self.block) // 64) * 64  # multiple of 64: aligned rows for the masked kernel
         self.max_len, self.size = max_len, size
-        self.target = StaticTarget(adapter, size, drafter.cfg.target_layer_ids, fuse, fast_norm)
+        if decode_attention is None:
+            decode_attention = COMPILED_DECODE_ATTENTION if compile else "sdpa"
+        if decode_attention not in DECODE_ATTENTION:
+            raise ValueError(
+                f"decode_attention must be one of {sorted(DECODE_ATTENTION)}, not {decode_attention!r}"
+            )
+        self.decode_attention = decode_attention
+        taps = drafter.cfg.target_layer_ids
+        self.target = StaticTarget(adapter, size, taps, fuse, fast_norm, decode_attention)
         self.sdraft = StaticDrafter(drafter, size, fuse, fast_norm)
         dev, b = self.device, self.block
         self.pos = torch.zeros((), dtype=torch.long, device=dev)  # committed tokens in the target cache
@@ -82,8 +98,9 @@ class FastEngine:
         self.out = torch.zeros(b + 1, dtype=torch.long, device=dev)  # [na, drafts (b-1), next]
         self._graph: dict[str, Any] = {}
         self._steps = {"spec": self._spec_step, "ar": self._ar_step}
+        self.compile_options = dict(COMPILE_OPTIONS if compile_options is None else compile_options)
         if compile:  # compiled lazily on the first call (`_warm`), which is timed as compile_seconds
-            opts = dict(mode=compile_mode, fullgraph=False, dynamic=False)
+            opts = dict(options=self.compile_options, fullgraph=False, dynamic=False)
             self._steps = {name: torch.compile(fn, **opts) for name, fn in self._steps.items()}
         self.compile, self._warmed = compile, set()
         self.capture_seconds = self.compile_seconds = 0.0
@@ -205,11 +222,11 @@ class FastEngine:
             res.prefill_seconds = time.perf_counter() - t0
             t1 = time.perf_counter()
             res.output_ids, reason = _truncate([first], stops, cfg.max_new_tokens)
+            self.force.fill_(-1)  # no override: stays -1 (one write per generation, not per step)
             while reason is None:
                 room = cfg.max_new_tokens - len(res.output_ids)
-                self.force.fill_(
-                    -1 if accept_override is None else accept_override(len(res.steps), self.block - 1)
-                )
+                if accept_override is not None:
+                    self.force.fill_(accept_override(len(res.steps), self.block - 1))
                 self._run_step("spec")
                 host.copy_(self.out, non_blocking=True)
                 if self.device.type == "cuda":

@@ -114,6 +114,25 @@ def _grouped_sdpa(q, k, v, gmask, scale: float) -> torch.Tensor:
     return out.reshape(1, h, t, d).transpose(1, 2).reshape(1, t, h * d)
 
 
+def _grouped_sums(q, k, v, gmask, scale: float) -> torch.Tensor:
+    """`_grouped_sdpa` as explicit products and sums. For compiled steps only (eager would materialise
+    [kvh, g*T, S, d]): inductor makes each sum one reduction kernel spread over every key.
+    """
+    _, h, t, d = q.shape
+    kvh = k.shape[1]
+    qg = q.reshape(1, kvh, (h // kvh) * t, 1, d)  # same row order as `_grouped_sdpa`
+    scores = (qg * k[:, :, None]).sum(-1, dtype=torch.float32) * scale + gmask  # [1, kvh, g*T, S]
+    p = scores.softmax(-1).to(v.dtype)
+    out = (p[..., None] * v[:, :, None]).sum(-2)  # [1, kvh, g*T, d]
+    return out.reshape(1, h, t, d).transpose(1, 2).reshape(1, t, h * d)
+
+
+# one-row (autoregressive) attention of the static target. At T = 1 the masked SDPA kernel runs one block per
+# KV head (8 blocks on 132 SMs for Qwen3-8B: 28 us a layer on an H200, compiled sums 15.5, flex_attention 37;
+# docs/perf-notes.md, Version 3)
+DECODE_ATTENTION = {"sdpa": _grouped_sdpa, "sums": _grouped_sums}
+
+
 def _group_mask(mask: torch.Tensor, g: int, dtype: torch.dtype) -> torch.Tensor:
     """[T, S] bool -> [1, 1, g*T, S] additive (0 / -inf) in `dtype`: `_grouped_sdpa`'s query rows.
 
@@ -133,8 +152,10 @@ class StaticTarget:
         tap_ids: tuple[int, ...],
         fuse: bool = True,
         fast_norm: bool = True,
+        decode_attention: str = "sdpa",
     ):
         self.adapter, self.model = adapter, adapter.model
+        self.decode_attend = DECODE_ATTENTION[decode_attention]  # T = 1 steps only
         self.layers, self.decoder = adapter.layers(), adapter.model.get_decoder()
         text = adapter.text_config
         self.qk_norm = adapter.static_qk_norm
@@ -171,7 +192,8 @@ class StaticTarget:
             kk, vv = k.repeat_interleave(self.group, 1), v.repeat_interleave(self.group, 1)
             out = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=attn.scaling)
             return attn.o_proj(out.transpose(1, 2).reshape(1, t, -1))
-        return attn.o_proj(_grouped_sdpa(q, self.k[i], self.v[i], gmask, attn.scaling))
+        attend = self.decode_attend if t == 1 else _grouped_sdpa
+        return attn.o_proj(attend(q, self.k[i], self.v[i], gmask, attn.scaling))
 
     def _mlp(self, i: int, x):
         mlp = self.layers[i].mlp

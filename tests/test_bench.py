@@ -60,6 +60,13 @@ def test_bench_record_schema_and_projection():
     assert (
         rec["results"]["fast"]["compile_seconds"] == 0.0 and rec["results"]["fast"]["capture_seconds"] == 0.0
     )
+    assert rec["results"]["eager"]["engine"] is None
+    assert rec["results"]["fast"]["engine"] == {
+        "graphs": False,
+        "compile": False,
+        "compile_options": None,
+        "decode_attention": "sdpa",
+    }
     prov = rec["provenance"]
     assert prov["argv"] == ["test"] and {"torch", "transformers"} <= set(prov["versions"])
     assert "commit" in prov["git"] and "gpu" in prov

@@ -11,7 +11,7 @@ from dflash_zoo.adapters import get_adapter
 
 from dflash_zoo.bench import whatif_schedule
 from dflash_zoo.decode import SpeculativeDecoder, autoregressive_generate
-from dflash_zoo.fast import FastEngine, unsupported_reason
+from dflash_zoo.fast import COMPILE_OPTIONS, FastEngine, unsupported_reason
 from dflash_zoo.results import GenerationConfig
 from tests.tiny import VOCAB, tiny_drafter, tiny_target
 
@@ -50,7 +50,9 @@ def _full_block_steps(res, max_new: int) -> int:
     return n
 
 
-@pytest.mark.parametrize("variant", [{}, UNFUSED], ids=["fused", "unfused"])
+@pytest.mark.parametrize(
+    "variant", [{}, UNFUSED, {"decode_attention": "sums"}], ids=["fused", "unfused", "sums"]
+)
 @pytest.mark.parametrize("model_type", ["qwen3", "llama"])
 def test_fast_path_equals_eager_token_for_token(model_type, variant):
     adapter, drafter = _pair(model_type)
@@ -175,6 +177,29 @@ def test_fused_projections_with_bias_equal_eager():
         assert eng.autoregressive(prompt, cfg).output_ids == ref
 
 
+@pytest.mark.parametrize("t", [1, 5])
+def test_decode_attention_sums_equals_masked_sdpa(t):
+    """Every decode attention computes the masked grouped SDPA (fp32, GQA 4:2); hidden keys do not count."""
+    from dflash_zoo.static import DECODE_ATTENTION, _group_mask, _grouped_sdpa
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, n, r, 8, generator=gen) for n, r in ((4, t), (2, 12), (2, 12)))
+    positions = torch.arange(6, 6 + t)
+    gmask = _group_mask(torch.arange(12)[None, :] <= positions[:, None], 2, torch.float32)  # [1, 1, 2T, 12]
+    ref = _grouped_sdpa(q, k, v, gmask, 0.3)
+    attend = DECODE_ATTENTION["sums"]
+    torch.testing.assert_close(attend(q, k, v, gmask, 0.3), ref)
+    k2 = k.clone()
+    k2[:, :, 6 + t :] = 1e4  # keys past every row's position
+    torch.testing.assert_close(attend(q, k2, v, gmask, 0.3), ref)
+
+
+def test_unknown_decode_attention_is_refused():
+    adapter, drafter = _pair("qwen3")
+    with pytest.raises(ValueError, match="decode_attention must be one of"):
+        FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, decode_attention="fast")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fast_norm_is_bitwise_hf_rmsnorm(dtype):
     from dflash_zoo.static import _Norms
@@ -221,7 +246,8 @@ def test_pipeline_compile_flag_reaches_the_engine():
     pipe = Pipeline(model=adapter.model, drafter=drafter, mask_token_id=MASK, fast=True, compile=True)
     eng = pipe._fast_engine(8, {"max_new_tokens": 8})
     assert eng.compile and eng.compile_seconds == 0.0  # compiled lazily, on the first step
+    assert eng.compile_options == COMPILE_OPTIONS and eng.decode_attention == "sums"
     pipe.compile = False
     plain = pipe._fast_engine(8, {"max_new_tokens": 8})
-    assert plain is not eng and not plain.compile
+    assert plain is not eng and not plain.compile and plain.decode_attention == "sdpa"
     assert pipe._fast_engine(8, {"max_new_tokens": 8}) is plain  # reused while nothing changes

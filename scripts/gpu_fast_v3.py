@@ -1,0 +1,219 @@
+"""One device call: Version 3 of the fast path on the Qwen3-8B shape (issue #6; docs/perf-notes.md, Version 3).
+
+Question: where do the 5.83 ms of a compiled autoregressive step go above the 3.6 ms of weight streaming, and
+does inductor's coordinate descent tuning (batch-1 matmuls lowered to tuned Triton GEMVs) or the explicit-sum
+attention ("sums": reductions over every key instead of one SDPA block per KV head) close the gap to 5 ms?
+
+Sections, each guarded and skipped past `--budget` seconds:
+1. GEMV bandwidth per weight shape of the 8B (one layer's q/k/v, o, gate/up, down and the LM head):
+   cuBLAS `F.linear` vs the same call compiled with coordinate descent tuning (timed as CUDA graphs).
+2. Attention per layer at S = the engine's key length, T = 1 (decode) and T = 16 (verify): masked SDPA
+   eager vs "sums" compiled.
+3. Kernel time by name of one uncompiled autoregressive step (profiler): the largest consumers.
+4. Engines (compile + coordinate descent): autoregressive tok/s per `--decode` attention (the T = 1 step);
+   then DFlash tok/s at what-if acceptance 6.5 (its verify and draft use SDPA whatever the decode attention);
+   then fp32 token identity on CUDA for tiny qwen3 / llama.
+Second call: `--sections identity --decode flex --dflash flex` (flex_attention was an option then, since
+removed: it measured slower than SDPA at T = 1).
+
+Run (PYTHONPATH=. cannot see the `dflash_zoo.adapters` package-dir mapping, hence the symlink):
+    ln -sfn ../adapters dflash_zoo/adapters
+    PYTHONPATH=. python3 scripts/gpu_fast_v3.py --out $OUT/v3.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+
+from dflash_zoo import bench as B
+from dflash_zoo import benchmeta
+from dflash_zoo.fast import COMPILE_OPTIONS, FastEngine
+from dflash_zoo.results import GenerationConfig
+from dflash_zoo.static import DECODE_ATTENTION, _group_mask, _grouped_sdpa
+from scripts.gpu_fast_variants import NEW, PROMPT, TAU, guarded, median_tok_s, say, tiny_identity
+
+REPS = 20  # calls per captured graph in the micro-benchmarks
+
+
+def graph_us(fn) -> float:
+    """Microseconds per call of `fn`, REPS calls captured in one CUDA graph, median of 5 replays."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(REPS):
+            fn()
+    times = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / REPS)
+    return sorted(times)[2]
+
+
+def compiled(fn):
+    return torch.compile(fn, options=dict(COMPILE_OPTIONS), dynamic=False, fullgraph=True)
+
+
+def gemv(sub: B.Subject) -> dict:
+    """Achieved read bandwidth of each batch-1 projection of the 8B: cuBLAS vs coordinate-descent Triton."""
+    attn, mlp = sub.adapter.layers()[0].self_attn, sub.adapter.layers()[0].mlp
+    with torch.no_grad():
+        shapes = {
+            "qkv": torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),
+            "o": attn.o_proj.weight,
+            "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+            "down": mlp.down_proj.weight,
+            "lm_head": sub.adapter.model.get_output_embeddings().weight,
+        }
+    out = {}
+    for name, w in shapes.items():
+        x = torch.randn(1, 1, w.shape[1], device=w.device, dtype=w.dtype)
+        row = {"shape": list(w.shape), "mbytes": w.numel() * w.element_size() / 1e6}
+        with torch.inference_mode():
+            row["cublas_us"] = graph_us(lambda w=w, x=x: F.linear(x, w))
+            tuned = compiled(lambda x, w: F.linear(x, w))
+            tuned(x, w)  # compile + tune outside the timing
+            row["tuned_us"] = graph_us(lambda w=w, x=x, f=tuned: f(x, w))
+        for k in ("cublas", "tuned"):
+            row[f"{k}_tb_s"] = row["mbytes"] / row[f"{k}_us"]  # MB/us = TB/s
+        out[name] = row
+        say("gemv", name, row)
+    return out
+
+
+def attention_row(t: int, size: int) -> dict:
+    """Per-layer masked attention of the 8B (32 q heads, 8 KV heads, d 128): T query rows over `size` keys."""
+    dev, scale = torch.device("cuda"), 128**-0.5
+    q = torch.randn(1, 32, t, 128, device=dev, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 8, size, 128, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    pos = PROMPT + NEW // 2
+    visible = torch.arange(size, device=dev)[None, :] <= torch.arange(pos, pos + t, device=dev)[:, None]
+    gmask = _group_mask(visible, 4, torch.bfloat16)
+    row = {}
+    with torch.inference_mode():
+        ref = _grouped_sdpa(q, k, v, gmask, scale)
+        row["sdpa_us"] = graph_us(lambda: _grouped_sdpa(q, k, v, gmask, scale))
+        for name in set(DECODE_ATTENTION) - {"sdpa"}:
+            fn = compiled(DECODE_ATTENTION[name])
+            row[f"max_abs_diff_{name}_vs_sdpa"] = (fn(q, k, v, gmask, scale) - ref).abs().max().item()
+            row[f"{name}_compiled_us"] = graph_us(lambda fn=fn: fn(q, k, v, gmask, scale))
+    say("attention", t, row)
+    return row
+
+
+def attention(size: int) -> dict:
+    """T = 1 (decode) and T = 16 (verify rows)."""
+    return {f"T={t}": attention_row(t, size) for t in (1, 16)}
+
+
+def profile_ar(sub: B.Subject, eng: FastEngine) -> dict:
+    """Kernel time by kernel name in one raw (uncaptured) autoregressive step; the ten largest."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rewind = eng._rewind()
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        eng._steps["ar"]()
+        torch.cuda.synchronize()
+    rewind()
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            by_name[e.name[:90]][0] += e.device_time_total
+            by_name[e.name[:90]][1] += 1
+    total = sum(v[0] for v in by_name.values())
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:10]
+    return {
+        "kernel_us_total": total,
+        "kernels": sum(v[1] for v in by_name.values()),
+        "top": [{"name": n, "us": v[0], "calls": v[1]} for n, v in top],
+    }
+
+
+def engine(sub: B.Subject, attention: str, spec: bool) -> dict:
+    """Compiled (coordinate descent) engine: AR tok/s, and DFlash tok/s at what-if 6.5 when `spec`."""
+    torch.cuda.reset_peak_memory_stats()
+    size = PROMPT + NEW + 64
+    eng = FastEngine(
+        sub.adapter, sub.drafter, sub.mask_token_id, size, compile=True, decode_attention=attention
+    )
+    warm = GenerationConfig(max_new_tokens=40)
+    eng.autoregressive(sub.prompt, warm)
+    res = {"ar_compile_s": eng.compile_seconds}
+    ar, runs = median_tok_s(lambda: eng.autoregressive(sub.prompt, GenerationConfig(max_new_tokens=NEW)))
+    res |= {"ar_tok_s": ar, "ar_ms_per_token": 1e3 / ar, "ar_runs": runs}
+    say("engine", attention, res)
+    if spec:
+        override = B.whatif_schedule(TAU, eng.block)
+        eng.speculative(sub.prompt, warm, override)
+        res["spec_compile_s"] = eng.compile_seconds - res["ar_compile_s"]
+        cfg = GenerationConfig(max_new_tokens=B.whatif_new_tokens(TAU, NEW))
+        tok_s, runs = median_tok_s(lambda: eng.speculative(sub.prompt, cfg, override))
+        res |= {"dflash_tok_s": tok_s, "dflash_ms_per_step": 1e3 * TAU / tok_s, "dflash_runs": runs}
+    res["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    res["profile_compiled_ar"] = guarded(profile_ar, sub, eng)
+    say("engine", attention, {k: v for k, v in res.items() if k != "profile_compiled_ar"})
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="v3.json")
+    ap.add_argument("--budget", type=float, default=530)
+    ap.add_argument("--sections", nargs="*", default=["micro", "identity"], choices=["micro", "identity"])
+    ap.add_argument("--decode", nargs="*", default=["sums", "sdpa"], choices=sorted(DECODE_ATTENTION))
+    ap.add_argument(
+        "--dflash", choices=sorted(DECODE_ATTENTION), help="engine for the DFlash run (default: fastest AR)"
+    )
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 identity check compares exact argmaxes
+    t0, dev = time.time(), torch.device("cuda")
+    rec: dict = {"provenance": benchmeta.provenance(sys.argv, dev), "compile_options": COMPILE_OPTIONS}
+
+    def section(name, fn, *a):
+        if time.time() - t0 > args.budget:
+            rec[name] = {"skipped": "time budget"}
+        else:
+            rec[name] = guarded(fn, *a)
+        with open(args.out, "w") as f:  # after every section: a timeout keeps the finished ones
+            json.dump(rec, f, indent=1, default=str)
+        return rec[name]
+
+    sub = B.random_subject("qwen3-8b", "cuda", torch.bfloat16, B.BenchOptions(prompt_tokens=PROMPT))
+    plain = FastEngine(sub.adapter, sub.drafter, sub.mask_token_id, PROMPT + NEW + 64)  # fused, rms_norm
+    if "micro" in args.sections:
+        section("gemv", gemv, sub)
+    section("attention", attention, plain.size)
+    if "micro" in args.sections:
+        section("profile_uncompiled_ar", profile_ar, sub, plain)
+    del plain
+    for name in args.decode:  # autoregressive step only
+        section(f"engine_{name}", engine, sub, name, False)
+    runs = {n: rec[f"engine_{n}"].get("ar_tok_s", 0) for n in args.decode}
+    best = args.dflash or max(runs, key=runs.get)
+    rec["dflash_decode_attention"] = best
+    section("engine_with_dflash", engine, sub, best, True)
+    if "identity" in args.sections:
+        section("tiny_fp32_identity", tiny_identity, {"compile": True, "decode_attention": best}, dev)
+    rec["wall_s"] = time.time() - t0
+    with open(args.out, "w") as f:
+        json.dump(rec, f, indent=1, default=str)
+    say("done", args.out)
+
+
+if __name__ == "__main__":
+    main()
