@@ -45,8 +45,8 @@ def model_options(f):
             "compile_steps",
             default=False,
             show_default=True,
-            help="torch.compile the CUDA fast path's steps: a one-time compile (~100 s for an 8B target) "
-            "for ~1.3x more tok/s; worth it for chat or eval, not for one short prompt.",
+            help="torch.compile the CUDA fast path's steps: a one-time compile (~4 min for an 8B target) "
+            "for 1.3-1.4x more tok/s (8B); worth it for chat or eval, not for one short prompt.",
         ),
     ]
     for opt in reversed(opts):
