@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from dflash_zoo.cli import cli
@@ -90,3 +91,20 @@ def test_one_time_costs_land_on_no_measured_prompt():
     measured = calls[2:]
     assert len(measured) == 6 and all(c[3] is not None and c[3] is measured[0][3] for c in measured)
     assert res.prompts == 3 and res.outputs_match_autoregressive == 3
+
+
+@pytest.mark.parametrize(
+    ("matched", "dtype", "expected"),
+    [(3, "bfloat16", None), (1, "bfloat16", "expected in bfloat16"), (2, "float32", "must not")],
+)
+def test_eval_explains_outputs_that_differ(capsys, matched, dtype, expected):
+    """Fewer identical outputs than prompts: a rounding note in bf16, a bug report request in fp32."""
+    from dflash_zoo.commands.train import _mismatch_hint
+    from dflash_zoo.evaluate import EvalResult
+
+    res = EvalResult(3, 16, 0.0, 30, 9, 3.3, {3: 9}, [0.5] * 15, 10.0, outputs_match_autoregressive=matched)
+    _mismatch_hint(res, dtype)
+    err = capsys.readouterr().err
+    assert (expected in err) if expected else err == ""
+    if expected:
+        assert f"{3 - matched} of 3 outputs differ" in err

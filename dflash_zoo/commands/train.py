@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..output import emit_json, info, stderr, table
+from ..output import emit_json, hint, info, stderr, table
 from .run import load_pipeline, model_options
 
 EXAMPLES_TRAIN = """
@@ -230,8 +230,26 @@ def eval_cmd(
         )
     if as_json:
         emit_json(res.to_dict())
+    else:
+        _print_eval(res)
+    _mismatch_hint(res, str(pipe.model.dtype).removeprefix("torch."))
+
+
+def _mismatch_hint(res, dtype: str) -> None:
+    """Greedy DFlash output must equal greedy autoregressive output; say what a shortfall means."""
+    n = res.outputs_match_autoregressive
+    if n is None or n == res.prompts:
         return
-    _print_eval(res)
+    differ = f"{res.prompts - n} of {res.prompts} outputs differ from autoregressive decoding"
+    if dtype == "float32":
+        hint(
+            f"{differ} in float32, where they must not: please report it with the output of `dflash-zoo env`"
+        )
+    else:
+        hint(
+            f"{differ}: expected in {dtype}, where a many-token verify and a one-token step round differently "
+            "and near-ties flip; rerun with --dtype fp32 to check token identity"
+        )
 
 
 def _print_eval(res) -> None:
