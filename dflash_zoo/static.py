@@ -127,10 +127,30 @@ def _grouped_sums(q, k, v, gmask, scale: float) -> torch.Tensor:
     return out.reshape(1, h, t, d).transpose(1, 2).reshape(1, t, h * d)
 
 
+def _grouped_chunks(q, k, v, gmask, scale: float, chunks: int = 16) -> torch.Tensor:
+    """`_grouped_sums` split over key chunks (flash-decoding): per chunk a max, a sum of exponentials and a
+    partial output, then one weighted combine; each reduction then has `chunks` times the rows. Compiled only.
+    """
+    _, h, t, d = q.shape
+    kvh, s = k.shape[1], k.shape[2]
+    c = chunks if s % chunks == 0 else 1
+    rows = (h // kvh) * t
+    qg = q.reshape(1, kvh, rows, 1, 1, d)  # same row order as `_grouped_sdpa`
+    kc, vc = k.view(1, kvh, 1, c, s // c, d), v.view(1, kvh, 1, c, s // c, d)
+    scores = (qg * kc).sum(-1, dtype=torch.float32) * scale + gmask.view(1, 1, rows, c, s // c)  # [.., c, L]
+    # a chunk with every key hidden has max -inf: clamped, its exponentials are 0 and its weight too (no NaN)
+    m = scores.amax(-1, keepdim=True).clamp(min=-1e30)  # [1, kvh, rows, c, 1]
+    e = (scores - m).exp()
+    part = (e[..., None] * vc).sum(-2)  # [1, kvh, rows, c, d]
+    w = (m - m.amax(-2, keepdim=True)).exp()  # [1, kvh, rows, c, 1]: each chunk's share of the global max
+    out = (w * part).sum(-2) / (w * e.sum(-1, keepdim=True)).sum(-2)  # [1, kvh, rows, d]
+    return out.to(v.dtype).reshape(1, h, t, d).transpose(1, 2).reshape(1, t, h * d)
+
+
 # one-row (autoregressive) attention of the static target. At T = 1 the masked SDPA kernel runs one block per
 # KV head (8 blocks on 132 SMs for Qwen3-8B: 28 us a layer on an H200, compiled sums 15.5, flex_attention 37;
-# docs/perf-notes.md, Version 3)
-DECODE_ATTENTION = {"sdpa": _grouped_sdpa, "sums": _grouped_sums}
+# docs/perf-notes.md, Version 3). "chunks" is not measured on a GPU yet.
+DECODE_ATTENTION = {"sdpa": _grouped_sdpa, "sums": _grouped_sums, "chunks": _grouped_chunks}
 
 
 def _group_mask(mask: torch.Tensor, g: int, dtype: torch.dtype) -> torch.Tensor:

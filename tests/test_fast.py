@@ -51,7 +51,9 @@ def _full_block_steps(res, max_new: int) -> int:
 
 
 @pytest.mark.parametrize(
-    "variant", [{}, UNFUSED, {"decode_attention": "sums"}], ids=["fused", "unfused", "sums"]
+    "variant",
+    [{}, UNFUSED, {"decode_attention": "sums"}, {"decode_attention": "chunks"}],
+    ids=["fused", "unfused", "sums", "chunks"],
 )
 @pytest.mark.parametrize("model_type", ["qwen3", "llama"])
 def test_fast_path_equals_eager_token_for_token(model_type, variant):
@@ -177,17 +179,19 @@ def test_fused_projections_with_bias_equal_eager():
         assert eng.autoregressive(prompt, cfg).output_ids == ref
 
 
+@pytest.mark.parametrize("name", ["sums", "chunks"])
 @pytest.mark.parametrize("t", [1, 5])
-def test_decode_attention_sums_equals_masked_sdpa(t):
+def test_decode_attention_equals_masked_sdpa(name, t):
     """Every decode attention computes the masked grouped SDPA (fp32, GQA 4:2); hidden keys do not count."""
     from dflash_zoo.static import DECODE_ATTENTION, _group_mask, _grouped_sdpa
 
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, n, r, 8, generator=gen) for n, r in ((4, t), (2, 12), (2, 12)))
+    # 32 keys: "chunks" splits them into 16 chunks of 2, and those past key 6 + t are wholly hidden
+    q, k, v = (torch.randn(1, n, r, 8, generator=gen) for n, r in ((4, t), (2, 32), (2, 32)))
     positions = torch.arange(6, 6 + t)
-    gmask = _group_mask(torch.arange(12)[None, :] <= positions[:, None], 2, torch.float32)  # [1, 1, 2T, 12]
+    gmask = _group_mask(torch.arange(32)[None, :] <= positions[:, None], 2, torch.float32)  # [1, 1, 2T, 32]
     ref = _grouped_sdpa(q, k, v, gmask, 0.3)
-    attend = DECODE_ATTENTION["sums"]
+    attend = DECODE_ATTENTION[name]
     torch.testing.assert_close(attend(q, k, v, gmask, 0.3), ref)
     k2 = k.clone()
     k2[:, :, 6 + t :] = 1e4  # keys past every row's position
