@@ -217,11 +217,14 @@ def test_fast_norm_is_bitwise_hf_rmsnorm(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (inductor on CPU takes ~45 s here)")
+@pytest.mark.parametrize("decode_attention", [None, "chunks"])  # None: the compiled default
 @pytest.mark.parametrize("model_type", ["qwen3", "llama"])
-def test_compiled_graphed_steps_equal_eager_fp32(model_type):
+def test_compiled_graphed_steps_equal_eager_fp32(model_type, decode_attention):
     adapter, drafter = _pair(model_type, "cuda")
     cfg = GenerationConfig(max_new_tokens=24)
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=True, compile=True)
+    eng = FastEngine(
+        adapter, drafter, MASK, max_len=64, graphs=True, compile=True, decode_attention=decode_attention
+    )
     for prompt in _prompts():
         ref = autoregressive_generate(adapter, prompt, cfg, "cuda").output_ids
         assert eng.speculative(prompt, cfg).output_ids == ref
