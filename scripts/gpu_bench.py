@@ -13,20 +13,16 @@ import time
 import traceback
 
 import torch
+from _repo import T0, first_diff, say  # scripts/ is on sys.path when run as a script
 
 from dflash_zoo import bench as B
 from dflash_zoo.decode import SpeculativeDecoder, autoregressive_generate
 from dflash_zoo.fast import FastEngine
 from dflash_zoo.results import GenerationConfig
 
-T0 = time.time()
 OUT = os.environ.get("OUT", "/tmp/out")
 BUDGET = float(os.environ.get("GPU_BENCH_BUDGET", "470"))  # seconds for everything optional
 RESULTS: dict = {"sections": {}}
-
-
-def say(*a):
-    print(f"[{time.time() - T0:6.1f}s]", *a, file=sys.stderr, flush=True)
 
 
 def save():
@@ -67,13 +63,6 @@ def eager_spec(sub, prompt, cfg, override=None):
     for _ in dec:
         pass
     return dec.result
-
-
-def first_diff(a, b):
-    return next(
-        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
-        None if len(a) == len(b) else min(len(a), len(b)),
-    )
 
 
 @section("fp32_equivalence")

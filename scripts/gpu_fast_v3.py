@@ -31,13 +31,14 @@ from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
+from _repo import say  # scripts/ is on sys.path when run as a script
 
 from dflash_zoo import bench as B
 from dflash_zoo import benchmeta
 from dflash_zoo.fast import COMPILE_OPTIONS, FastEngine
 from dflash_zoo.results import GenerationConfig
 from dflash_zoo.static import DECODE_ATTENTION, _group_mask, _grouped_sdpa
-from scripts.gpu_fast_variants import NEW, PROMPT, TAU, guarded, median_tok_s, say, tiny_identity
+from scripts.gpu_fast_variants import NEW, PROMPT, TAU, guarded, median_tok_s, tiny_identity
 
 REPS = 20  # calls per captured graph in the micro-benchmarks
 

@@ -23,6 +23,7 @@ import time
 import traceback
 
 import torch
+from _repo import T0, first_diff, say  # scripts/ is on sys.path when run as a script
 from dflash_zoo.adapters import get_adapter
 
 from dflash_zoo import bench as B
@@ -32,7 +33,6 @@ from dflash_zoo.fast import FastEngine
 from dflash_zoo.results import GenerationConfig
 from tests.tiny import VOCAB, tiny_drafter, tiny_target
 
-T0 = time.time()
 VARIANTS = {
     "baseline": {"fuse": False, "fast_norm": False},
     "fused": {"fuse": True, "fast_norm": False},
@@ -40,16 +40,6 @@ VARIANTS = {
     "fused+rms_norm+compile": {"fuse": True, "fast_norm": True, "compile": True},
 }
 TAU, PROMPT, NEW, REPEATS, DIV_NEW = 6.5, 512, 512, 3, 64
-
-
-def say(*a) -> None:
-    print(f"[{time.time() - T0:6.1f}s]", *a, file=sys.stderr, flush=True)
-
-
-def first_diff(a: list[int], b: list[int]) -> int | None:
-    """First index where two outputs differ (None: identical)."""
-    n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
-    return n if n is not None or len(a) == len(b) else min(len(a), len(b))
 
 
 def guarded(fn, *a) -> dict:

@@ -20,13 +20,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from _repo import ROOT, map_adapters  # scripts/ is on sys.path when run as a script
-
-T0 = time.time()
-
-
-def say(*a) -> None:
-    print(f"[{time.time() - T0:6.1f}s]", *a, file=sys.stderr, flush=True)
+from _repo import ROOT, T0, map_adapters, say  # scripts/ is on sys.path when run as a script
 
 
 def lossless(model_type: str, n_prompts: int = 3, new: int = 32) -> dict:
