@@ -167,16 +167,15 @@ class Pipeline:
         """The static fast path when it applies (same tokens as the eager loop), else None."""
         if self.fast is False or (self.fast is None and self.device.type != "cuda"):
             return None
-        if self.placement is not None:  # CUDA graphs and static caches need the whole target on one device
-            if self.fast:
-                log.warning("fast path unavailable (target split across devices); using the eager loop")
-            return None
         from .fast import FastEngine
         from .static import unsupported_reason
 
         cfg = self.config(**kw).validated(self.drafter.cfg.block_size)
-        reason = unsupported_reason(self.adapter, cfg) or (
-            "block size override" if cfg.block_size != self.drafter.cfg.block_size else None
+        reason = (
+            # CUDA graphs and static caches need the whole target on one device
+            ("target split across devices" if self.placement is not None else None)
+            or unsupported_reason(self.adapter, cfg)
+            or ("block size override" if cfg.block_size != self.drafter.cfg.block_size else None)
         )
         if reason or kw.get("accept_override"):
             if self.fast:
