@@ -102,6 +102,11 @@ class _Norms:
         return module.weight * F.rms_norm(x, x.shape[-1:], eps=self.eps)
 
 
+def _ungroup(out: torch.Tensor, h: int, t: int) -> torch.Tensor:
+    """[1, kvh, g*T, d] grouped query rows (head h = kv_head * g + i, rows ordered (i, t)) -> [1, T, h*d]."""
+    return out.reshape(1, h, t, out.shape[-1]).transpose(1, 2).reshape(1, t, -1)
+
+
 def _grouped_sdpa(q, k, v, gmask, scale: float) -> torch.Tensor:
     """q [1, h, T, d]; k, v [1, kvh, S, d]; gmask [1, 1, g*T, S] additive (`_group_mask`) -> [1, T, h*d].
 
@@ -111,7 +116,7 @@ def _grouped_sdpa(q, k, v, gmask, scale: float) -> torch.Tensor:
     kvh = k.shape[1]
     qg = q.reshape(1, kvh, (h // kvh) * t, d)  # head h = kv_head * g + i, rows ordered (i, t)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=gmask, scale=scale)
-    return out.reshape(1, h, t, d).transpose(1, 2).reshape(1, t, h * d)
+    return _ungroup(out, h, t)
 
 
 def _grouped_sums(q, k, v, gmask, scale: float) -> torch.Tensor:
@@ -124,7 +129,7 @@ def _grouped_sums(q, k, v, gmask, scale: float) -> torch.Tensor:
     scores = (qg * k[:, :, None]).sum(-1, dtype=torch.float32) * scale + gmask  # [1, kvh, g*T, S]
     p = scores.softmax(-1).to(v.dtype)
     out = (p[..., None] * v[:, :, None]).sum(-2)  # [1, kvh, g*T, d]
-    return out.reshape(1, h, t, d).transpose(1, 2).reshape(1, t, h * d)
+    return _ungroup(out, h, t)
 
 
 def _grouped_chunks(q, k, v, gmask, scale: float, chunks: int = 16) -> torch.Tensor:
@@ -144,7 +149,7 @@ def _grouped_chunks(q, k, v, gmask, scale: float, chunks: int = 16) -> torch.Ten
     part = (e[..., None] * vc).sum(-2)  # [1, kvh, rows, c, d]
     w = (m - m.amax(-2, keepdim=True)).exp()  # [1, kvh, rows, c, 1]: each chunk's share of the global max
     out = (w * part).sum(-2) / (w * e.sum(-1, keepdim=True)).sum(-2)  # [1, kvh, rows, d]
-    return out.to(v.dtype).reshape(1, h, t, d).transpose(1, 2).reshape(1, t, h * d)
+    return _ungroup(out.to(v.dtype), h, t)
 
 
 # one-row (autoregressive) attention of the static target. At T = 1 the masked SDPA kernel runs one block per
