@@ -40,6 +40,14 @@ def _prompts(n: int = 2, length: int = 10) -> list[list[int]]:
     ]
 
 
+def _assert_both_paths_equal_ar(eng: FastEngine, adapter, cfg: GenerationConfig, device: str = "cpu") -> None:
+    """The engine's speculative and autoregressive outputs equal the eager autoregressive reference."""
+    for prompt in _prompts():
+        ref = autoregressive_generate(adapter, prompt, cfg, device).output_ids
+        assert eng.speculative(prompt, cfg).output_ids == ref
+        assert eng.autoregressive(prompt, cfg).output_ids == ref
+
+
 def _full_block_steps(res, max_new: int) -> int:
     """Steps the eager loop ran with a full block (near the end it verifies fewer slots)."""
     done, n = 1, 0
@@ -112,10 +120,7 @@ def test_cuda_graph_path_equals_eager_fp32():
     adapter, drafter = _pair("qwen3", "cuda")
     cfg = GenerationConfig(max_new_tokens=24)
     eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=True)
-    for prompt in _prompts():
-        ref = autoregressive_generate(adapter, prompt, cfg, "cuda").output_ids
-        assert eng.speculative(prompt, cfg).output_ids == ref
-        assert eng.autoregressive(prompt, cfg).output_ids == ref
+    _assert_both_paths_equal_ar(eng, adapter, cfg, "cuda")
 
 
 def test_smaller_block_than_trained():
@@ -173,10 +178,7 @@ def test_fused_projections_with_bias_equal_eager():
     cfg = GenerationConfig(max_new_tokens=16)
     eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
     assert eng.target.qkv[0].bias is not None and eng.target.gate_up[0].bias is not None
-    for prompt in _prompts():
-        ref = autoregressive_generate(adapter, prompt, cfg).output_ids
-        assert eng.speculative(prompt, cfg).output_ids == ref
-        assert eng.autoregressive(prompt, cfg).output_ids == ref
+    _assert_both_paths_equal_ar(eng, adapter, cfg)
 
 
 @pytest.mark.parametrize("name", ["sums", "chunks"])
@@ -225,10 +227,7 @@ def test_compiled_graphed_steps_equal_eager_fp32(model_type, decode_attention):
     eng = FastEngine(
         adapter, drafter, MASK, max_len=64, graphs=True, compile=True, decode_attention=decode_attention
     )
-    for prompt in _prompts():
-        ref = autoregressive_generate(adapter, prompt, cfg, "cuda").output_ids
-        assert eng.speculative(prompt, cfg).output_ids == ref
-        assert eng.autoregressive(prompt, cfg).output_ids == ref
+    _assert_both_paths_equal_ar(eng, adapter, cfg, "cuda")
     assert eng.compile_seconds > 0 and eng.capture_seconds > 0
 
 
