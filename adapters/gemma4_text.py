@@ -23,6 +23,8 @@ from . import register
 from .base import Problem, TargetAdapter
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
     from dflash_zoo.config import DraftConfig
@@ -45,11 +47,11 @@ class Gemma4TextAdapter(TargetAdapter):
             )
         return problems
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
+    def logits(self, h: torch.Tensor, linear: Callable | None = None) -> torch.Tensor:
         """[B, T, H] -> [B, T, V], soft-capped exactly as the target's forward does."""
         import torch
 
-        logits = self.model.get_output_embeddings()(h)
+        logits = super().logits(h, linear)
         cap = self.text_config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

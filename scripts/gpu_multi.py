@@ -137,6 +137,32 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def kernel_time(ar) -> dict:
+    """GPU kernel time per decoded token against wall time per token: is the eager loop host-bound?"""
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        return {"skipped": "no CUDA"}
+
+    def run(n: int) -> tuple[float, float, int]:
+        sync()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t = time.perf_counter()
+            ar(n)
+            sync()
+            wall = time.perf_counter() - t
+        events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        return wall, sum(e.device_time_total for e in events) / 1e6, len(events)
+
+    (w1, k1, n1), (w9, k9, n9) = run(1), run(9)  # prompt + 1 token, prompt + 9: the difference is 8 decodes
+    return {
+        "wall_ms_per_token": (w9 - w1) / 8 * 1e3,
+        "kernel_ms_per_token": (k9 - k1) / 8 * 1e3,
+        "kernels_per_token": (n9 - n1) / 8,
+        "note": "profiled runs (profiler overhead included in wall)",
+    }
+
+
 def big_run(new_tokens: int, prompt_tokens: int, devices: list[str], shape: dict) -> dict:
     import transformers
     from dflash_zoo.adapters import get_adapter
@@ -176,7 +202,7 @@ def big_run(new_tokens: int, prompt_tokens: int, devices: list[str], shape: dict
         return autoregressive_generate(adapter, prompt, GenerationConfig(max_new_tokens=n), plan.head)
 
     ar(4), spec(14)  # warm-up: kernels, allocator
-    out = {"plan": plan.to_dict(), "build_and_place_seconds": build_s}
+    out = {"plan": plan.to_dict(), "build_and_place_seconds": build_s, "kernel_time": kernel_time(ar)}
     for name, fn, n in (("autoregressive", ar, new_tokens), ("dflash_whatif_6.5", spec, spec_new)):
         gpus = [torch.device(d) for d in plan.devices if d.startswith("cuda")]
         for d in gpus:
@@ -202,6 +228,13 @@ def main() -> None:
     ap.add_argument("--out", default="multi.json")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument(
+        "--big-on",
+        nargs="*",
+        default=["cuda:0,cuda:1"],
+        help="device lists for the 32B shape, e.g. cuda:0 cuda:0,cuda:1 (one GPU holds it: isolates the split)",
+    )
+    ap.add_argument("--skip-lossless", action="store_true")
     ap.add_argument(
         "--cpu-debug", action="store_true", help="tiny shape on ['cpu', 'cpu'], no lossless checks"
     )
@@ -234,14 +267,14 @@ def main() -> None:
         sys.exit(record["error"])
     else:
         torch.backends.cuda.matmul.allow_tf32 = False  # the lossless check runs in true fp32
-        jobs = [
+        jobs = [] if args.skip_lossless else [
             ("lossless_qwen3", lambda: lossless("qwen3")),
             ("lossless_qwen3_5_text", lambda: lossless("qwen3_5_text")),
-            (
-                "qwen3_32b_shape",
-                lambda: big_run(args.new_tokens, args.prompt_tokens, ["cuda:0", "cuda:1"], BIG),
-            ),
-        ]
+        ]  # fmt: skip
+        for spec in args.big_on:
+            devs = spec.split(",")
+            name = "qwen3_32b_shape" + ("" if len(devs) == 2 else f"_on_{len(devs)}")
+            jobs.append((name, lambda d=devs: big_run(args.new_tokens, args.prompt_tokens, d, BIG)))
     for name, job in jobs:
         say(name, "start")
         try:

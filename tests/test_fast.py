@@ -11,7 +11,7 @@ from dflash_zoo.adapters import get_adapter
 
 from dflash_zoo.bench import whatif_schedule
 from dflash_zoo.decode import SpeculativeDecoder, autoregressive_generate
-from dflash_zoo.fast import COMPILE_OPTIONS, FastEngine, unsupported_reason
+from dflash_zoo.fast import COMPILE_OPTIONS, COMPILED_DECODE_ATTENTION, FastEngine, unsupported_reason
 from dflash_zoo.results import GenerationConfig
 from tests.tiny import VOCAB, tiny_drafter, tiny_target
 
@@ -60,8 +60,8 @@ def _full_block_steps(res, max_new: int) -> int:
 
 @pytest.mark.parametrize(
     "variant",
-    [{}, UNFUSED, {"decode_attention": "sums"}, {"decode_attention": "chunks"}],
-    ids=["fused", "unfused", "sums", "chunks"],
+    [{}, UNFUSED, {"decode_attention": "sums"}, {"decode_attention": "chunks"}, {"row_sums": True}],
+    ids=["fused", "unfused", "sums", "chunks", "row_sums"],
 )
 @pytest.mark.parametrize("model_type", ["qwen3", "llama"])
 def test_fast_path_equals_eager_token_for_token(model_type, variant):
@@ -72,6 +72,9 @@ def test_fast_path_equals_eager_token_for_token(model_type, variant):
         ref = autoregressive_generate(adapter, prompt, cfg).output_ids
         eager, fast = _eager(adapter, drafter, prompt, cfg), eng.speculative(prompt, cfg)
         assert fast.output_ids == eager.output_ids == ref
+        # the same drafts while eager drafts full blocks (near the end it shortens them; a block is bidirectional)
+        full = [s.proposed for s in eager.steps if len(s.proposed) == eng.block - 1]
+        assert full and [s.proposed for s in fast.steps[: len(full)]] == full
         assert eng.autoregressive(prompt, cfg).output_ids == ref
         n = _full_block_steps(eager, cfg.max_new_tokens)
         assert [s.proposed for s in fast.steps[:n]] == [s.proposed for s in eager.steps[:n]]
@@ -219,14 +222,15 @@ def test_fast_norm_is_bitwise_hf_rmsnorm(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (inductor on CPU takes ~45 s here)")
-@pytest.mark.parametrize("decode_attention", [None, "chunks"])  # None: the compiled default
+@pytest.mark.parametrize(
+    "variant", [{}, {"decode_attention": "sums", "row_sums": False}], ids=["defaults", "sums-cublas"]
+)
 @pytest.mark.parametrize("model_type", ["qwen3", "llama"])
-def test_compiled_graphed_steps_equal_eager_fp32(model_type, decode_attention):
+def test_compiled_graphed_steps_equal_eager_fp32(model_type, variant):
     adapter, drafter = _pair(model_type, "cuda")
     cfg = GenerationConfig(max_new_tokens=24)
-    eng = FastEngine(
-        adapter, drafter, MASK, max_len=64, graphs=True, compile=True, decode_attention=decode_attention
-    )
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=True, compile=True, **variant)
+    assert eng.row_sums == variant.get("row_sums", True)  # a tiny pair fits in L2: row sums by default
     _assert_both_paths_equal_ar(eng, adapter, cfg, "cuda")
     assert eng.compile_seconds > 0 and eng.capture_seconds > 0
 
@@ -252,7 +256,7 @@ def test_pipeline_compile_flag_reaches_the_engine():
     pipe = Pipeline(model=adapter.model, drafter=drafter, mask_token_id=MASK, fast=True, compile=True)
     eng = pipe._fast_engine(8, {"max_new_tokens": 8})
     assert eng.compile and eng.compile_seconds == 0.0  # compiled lazily, on the first step
-    assert eng.compile_options == COMPILE_OPTIONS and eng.decode_attention == "sums"
+    assert eng.compile_options == COMPILE_OPTIONS and eng.decode_attention == COMPILED_DECODE_ATTENTION
     pipe.compile = False
     plain = pipe._fast_engine(8, {"max_new_tokens": 8})
     assert plain is not eng and not plain.compile and plain.decode_attention == "sdpa"
