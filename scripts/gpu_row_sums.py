@@ -53,8 +53,28 @@ def run(dtype: str, row_sums: bool, args) -> dict:
         "ar_ms_per_token": 1e3 / res["ar_tokens_per_second"],
         "histogram": res["histogram"],
     }
+    if args.profile and pipe.device.type == "cuda":
+        out["profile"] = {name: profile_step(eng, name) for name in ("spec", "ar")}
     say(dtype, "row_sums" if row_sums else "cublas", {k: v for k, v in out.items() if k != "histogram"})
     return out
+
+
+def profile_step(eng: FastEngine, name: str) -> dict:
+    """Kernel count and time of one raw (uncaptured) compiled step, with the eight largest kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rewind = eng._rewind()
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        eng._steps[name]()
+        torch.cuda.synchronize()
+    rewind()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    top = sorted(events, key=lambda e: -e.device_time_total)[:8]
+    return {
+        "kernels": len(events),
+        "kernel_us_total": sum(e.device_time_total for e in events),
+        "top": [{"name": e.name[:80], "us": e.device_time_total} for e in top],
+    }
 
 
 def main() -> None:
@@ -63,11 +83,12 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--limit", type=int, default=None, help="first N prompts only (a CPU dry run)")
+    ap.add_argument("--profile", action="store_true", help="kernel profile of one spec and one AR step")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 run checks exact token identity
     rec: dict = {"provenance": benchmeta.provenance(sys.argv, torch.device(args.device)), "runs": {}}
-    for name, dtype, rs in (("bf16_row_sums", "bf16", True), ("bf16_cublas", "bf16", False),
-                            ("fp32_row_sums", "fp32", True)):  # fmt: skip
+    for name, dtype, rs in (("bf16_row_sums", "bf16", True), ("fp32_row_sums", "fp32", True),
+                            ("bf16_cublas", "bf16", False)):  # fmt: skip
         try:
             rec["runs"][name] = run(dtype, rs, args)
         except Exception as exc:  # record and go on
