@@ -17,7 +17,7 @@ This module must not import torch at import time (`check` and `list` run without
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -176,13 +176,9 @@ class TargetAdapter:
         """[B, T] -> [B, T, H]: exactly what decoder layer 0 receives."""
         return self.model.get_input_embeddings()(ids)
 
-    def logits(self, h: torch.Tensor, linear: Callable | None = None) -> torch.Tensor:
-        """[B, T, H] post-norm states -> [B, T, V] logits, as the target computes them.
-
-        `linear(h, weight, bias)` replaces the head module's own matmul (the fast path's row sums).
-        """
-        head = self.model.get_output_embeddings()
-        return head(h) if linear is None else linear(h, head.weight, head.bias)
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[B, T, H] post-norm states -> [B, T, V] logits, as the target computes them."""
+        return self.model.get_output_embeddings()(h)
 
     @contextmanager
     def tap(self, layer_ids: Sequence[int]) -> Iterator[TapRecorder]:

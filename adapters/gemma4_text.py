@@ -23,8 +23,6 @@ from . import register
 from .base import Problem, TargetAdapter
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     import torch
 
     from dflash_zoo.config import DraftConfig
@@ -47,11 +45,11 @@ class Gemma4TextAdapter(TargetAdapter):
             )
         return problems
 
-    def logits(self, h: torch.Tensor, linear: Callable | None = None) -> torch.Tensor:
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
         """[B, T, H] -> [B, T, V], soft-capped exactly as the target's forward does."""
         import torch
 
-        logits = super().logits(h, linear)
+        logits = self.model.get_output_embeddings()(h)
         cap = self.text_config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

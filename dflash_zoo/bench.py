@@ -283,7 +283,6 @@ def _engine_settings(eng: Any) -> dict[str, Any]:
         "compile": eng.compile,
         "compile_options": eng.compile_options if eng.compile else None,
         "decode_attention": eng.decode_attention,
-        "row_sums": eng.row_sums,
     }
 
 

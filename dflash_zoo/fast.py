@@ -37,19 +37,8 @@ log = logging.getLogger("dflash_zoo")
 # inductor settings of compiled steps: with coordinate descent tuning, inductor lowers batch-1 matmuls (every
 # GEMV of an autoregressive step) to Triton reductions it tunes, in place of cuBLAS (docs/perf-notes.md, Version 3)
 COMPILE_OPTIONS: dict[str, Any] = {"coordinate_descent_tuning": True}
-# measured on one H200 host (Qwen3-8B shape, compiled AR): chunks 187 tok/s, sums 173; SDPA lost to sums (perf-notes)
+# compiled 8B-shape AR step on one H200 host: "chunks" 187 tok/s, "sums" 173; SDPA lost to sums (perf-notes)
 COMPILED_DECODE_ATTENTION = "chunks"
-
-
-def fits_l2(modules: list[torch.nn.Module], device: torch.device) -> bool:
-    """Whether the modules' parameters (shared ones once) fit in `device`'s L2 cache (False off CUDA)."""
-    if device.type != "cuda":
-        return False
-    params = {id(p): p for m in modules for p in m.parameters()}.values()
-    return (
-        sum(p.numel() * p.element_size() for p in params)
-        <= torch.cuda.get_device_properties(device).L2_cache_size
-    )
 
 
 class FastEngine:
@@ -66,9 +55,6 @@ class FastEngine:
             graphs are captured here) with `compile_options` (default `COMPILE_OPTIONS`).
         decode_attention: attention of the autoregressive step (`static.DECODE_ATTENTION`); default:
             `COMPILED_DECODE_ATTENTION` when compiling, else "sdpa" (the others are fast only when compiled).
-        row_sums: every step's matmuls and attention as explicit products and sums (static.py), fused by
-            inductor instead of separate cuBLAS / SDPA calls (uncompiled: slow). Default: on when compiling on
-            CUDA and the target's and drafter's weights together fit in the GPU's L2 cache (`fits_l2`).
     """
 
     def __init__(
@@ -84,7 +70,6 @@ class FastEngine:
         compile: bool = False,  # shadows the builtin in __init__ only: the public name of the flag
         compile_options: dict[str, Any] | None = None,
         decode_attention: str | None = None,
-        row_sums: bool | None = None,
     ):
         reason = unsupported_reason(adapter)
         if reason:
@@ -102,14 +87,9 @@ class FastEngine:
                 f"decode_attention must be one of {sorted(DECODE_ATTENTION)}, not {decode_attention!r}"
             )
         self.decode_attention = decode_attention
-        if row_sums is None:
-            row_sums = compile and fits_l2([adapter.model, drafter], self.device)
-        elif row_sums and not compile:  # allowed (tests, tiny models), but say what it costs
-            log.warning("row_sums without compile materialises every matmul's products: slow, for tests only")
-        self.row_sums = row_sums
         taps = drafter.cfg.target_layer_ids
-        self.target = StaticTarget(adapter, size, taps, fuse, fast_norm, decode_attention, row_sums)
-        self.sdraft = StaticDrafter(drafter, size, fuse, fast_norm, row_sums)
+        self.target = StaticTarget(adapter, size, taps, fuse, fast_norm, decode_attention)
+        self.sdraft = StaticDrafter(drafter, size, fuse, fast_norm)
         dev, b = self.device, self.block
         self.pos = torch.zeros((), dtype=torch.long, device=dev)  # committed tokens in the target cache
         self.bonus = torch.zeros(1, dtype=torch.long, device=dev)  # last committed token, not yet verified
@@ -132,7 +112,7 @@ class FastEngine:
         b, emb_of = self.block, self.adapter.embed
         self.blk[:, :1].copy_(self.bonus[None])
         h = self.sdraft.draft(emb_of(self.blk), self.pos)  # [1, B, H]
-        drafts = self.target.logits(h[0, 1:].to(self.vtaps.dtype), self.target.mm).argmax(-1)  # [B-1]
+        drafts = self.adapter.logits(h[0, 1:].to(self.vtaps.dtype)).argmax(-1)  # [B-1]
         verify = torch.cat([self.bonus, drafts])[None]  # [1, B]
         target = self.target.forward(emb_of(verify), self.pos, self.vtaps)[0].argmax(-1)  # [B]
         # greedy match: accepted = longest prefix where draft i equals the target's argmax at slot i
@@ -222,7 +202,7 @@ class FastEngine:
         logits = self.target.forward(self.adapter.embed(ids), self.pos, feats, prefill=True, last_only=True)
         self.bonus.copy_(logits[0, -1:].argmax(-1))
         if taps:
-            self.sdraft.append(feats, self.pos, prefill=True)
+            self.sdraft.append(feats, self.pos)
         self.pos.fill_(len(prompt_ids))
         return int(self.bonus)  # sync: the first token is out
 

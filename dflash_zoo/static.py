@@ -11,11 +11,7 @@ Fewer kernels per layer (each costs ~2.5 us inside a graph, docs/perf-notes.md):
 - `fuse=True`: q/k/v and gate/up run as one GEMM each over row-concatenated weights (`FusedLinear`); the
   modules' own weights become views into the fused tensor, so memory does not grow and HF's forward still works;
 - `fast_norm=True`: RMSNorm as `weight * F.rms_norm(x)`: bit-identical to HF's Qwen3/Llama RMSNorm on CPU in
-  fp32 and bf16 (the weight multiply stays outside, in the input dtype, as HF does), in 2 kernels instead of ~7;
-- `row_sums=True` (compiled steps of small targets): every matmul and attention of a multi-row step (draft,
-  verify) as explicit products and sums (`_sums_linear`, `_grouped_chunks`), which inductor fuses with their
-  neighbours into Triton reductions instead of separate cuBLAS / SDPA calls. Prefill keeps `F.linear` and SDPA
-  (it is not compiled); a one-row step keeps `F.linear`, which inductor lowers to tuned GEMVs.
+  fp32 and bf16 (the weight multiply stays outside, in the input dtype, as HF does), in 2 kernels instead of ~7.
 """
 
 from __future__ import annotations
@@ -85,26 +81,11 @@ class FusedLinear:
             with torch.inference_mode(False), torch.no_grad():
                 self.weight, self.bias = _fuse_param(linears, "weight"), _fuse_param(linears, "bias")
 
-    def __call__(self, x: torch.Tensor, mm=F.linear) -> tuple[torch.Tensor, ...]:
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x [..., in] -> one [..., out_j] per projection (views into one GEMM output when fused)."""
         if self.linears is not None:
-            return tuple(_apply(mm, m, x) for m in self.linears)
-        return mm(x, self.weight, self.bias).split(self.sizes, dim=-1)
-
-
-def _sums_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear` as explicit products and sums over `in` (compiled steps only: eager would materialise them).
-
-    Inductor turns it into a Triton reduction fused with its neighbours, where `F.linear` on more than one row
-    stays a cuBLAS call of its own. Each input row re-reads the weight: a win only while the weights sit in L2.
-    """
-    y = (x.unsqueeze(-2) * weight).sum(-1)  # [..., 1, in] * [out, in] -> [..., out]
-    return y if bias is None else y + bias
-
-
-def _apply(mm, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """`module(x)` for an `nn.Linear`, through `mm` when that is not `F.linear` (the module's own matmul)."""
-    return module(x) if mm is F.linear else mm(x, module.weight, module.bias)
+            return tuple(m(x) for m in self.linears)
+        return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
 
 
 class _Norms:
@@ -197,12 +178,9 @@ class StaticTarget:
         fuse: bool = True,
         fast_norm: bool = True,
         decode_attention: str = "sdpa",
-        row_sums: bool = False,
     ):
         self.adapter, self.model = adapter, adapter.model
         self.decode_attend = DECODE_ATTENTION[decode_attention]  # T = 1 steps only
-        self.mm = _sums_linear if row_sums else F.linear  # matmuls of multi-row steps (see forward)
-        self.rows_attend = _grouped_chunks if row_sums else _grouped_sdpa  # T > 1 steps
         self.layers, self.decoder = adapter.layers(), adapter.model.get_decoder()
         text = adapter.text_config
         self.qk_norm = adapter.static_qk_norm
@@ -224,10 +202,10 @@ class StaticTarget:
         dev = self.k[0].device
         self.key_pos = torch.arange(max_len, device=dev)  # [S]
 
-    def _attn(self, i: int, x, cos, sin, positions, gmask, prefill: bool, mm):
+    def _attn(self, i: int, x, cos, sin, positions, gmask, prefill: bool):
         attn = self.layers[i].self_attn
         t = x.shape[1]
-        q, k, v = (y.view(1, t, -1, self.hd) for y in self.qkv[i](x, mm))  # [1, T, heads or kvh, hd]
+        q, k, v = (y.view(1, t, -1, self.hd) for y in self.qkv[i](x))  # [1, T, heads or kvh, hd]
         if self.qk_norm:
             q, k = self.norm(attn.q_norm, q), self.norm(attn.k_norm, k)
         q, k = apply_rotary(q.transpose(1, 2), cos, sin), apply_rotary(k.transpose(1, 2), cos, sin)
@@ -239,17 +217,13 @@ class StaticTarget:
             kk, vv = k.repeat_interleave(self.group, 1), v.repeat_interleave(self.group, 1)
             out = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=attn.scaling)
             return attn.o_proj(out.transpose(1, 2).reshape(1, t, -1))
-        attend = self.decode_attend if t == 1 else self.rows_attend
-        return _apply(mm, attn.o_proj, attend(q, self.k[i], self.v[i], gmask, attn.scaling))
+        attend = self.decode_attend if t == 1 else _grouped_sdpa
+        return attn.o_proj(attend(q, self.k[i], self.v[i], gmask, attn.scaling))
 
-    def _mlp(self, i: int, x, mm):
+    def _mlp(self, i: int, x):
         mlp = self.layers[i].mlp
-        gate, up = self.gate_up[i](x, mm)  # [1, T, F] each
-        return _apply(mm, mlp.down_proj, mlp.act_fn(gate) * up)
-
-    def logits(self, h, mm=F.linear):
-        """[1, T, H] final-norm states -> [1, T, V] through the adapter's head (its matmul as `mm`)."""
-        return self.adapter.logits(h) if mm is F.linear else self.adapter.logits(h, mm)
+        gate, up = self.gate_up[i](x)  # [1, T, F] each
+        return mlp.down_proj(mlp.act_fn(gate) * up)
 
     def forward(self, emb, pos, taps_out=None, prefill: bool = False, last_only: bool = False):
         """emb [1, T, H] at positions pos.. (0-d long tensor; prefill: pos is 0); fills taps_out [1, T, K*H]."""
@@ -259,29 +233,21 @@ class StaticTarget:
         cos, sin = cos[0], sin[0]
         causal = None if prefill else self.key_pos[None, :] <= positions[:, None]  # [T, S]
         gmask = None if prefill else _group_mask(causal, self.group, emb.dtype)
-        # row sums for multi-row steps only: a one-row step's matmuls inductor already lowers to tuned GEMVs,
-        # measured faster than the explicit sums (demo AR step 0.180 against 0.199 ms); prefill is not compiled
-        x, mm = emb, F.linear if prefill or t == 1 else self.mm
+        x = emb
         for i, layer in enumerate(self.layers):
-            x = x + self._attn(
-                i, self.norm(layer.input_layernorm, x), cos, sin, positions, gmask, prefill, mm
-            )
-            x = x + self._mlp(i, self.norm(layer.post_attention_layernorm, x), mm)
+            x = x + self._attn(i, self.norm(layer.input_layernorm, x), cos, sin, positions, gmask, prefill)
+            x = x + self._mlp(i, self.norm(layer.post_attention_layernorm, x))
             for slot in self.taps.get(i, ()) if taps_out is not None else ():
                 taps_out[:, :, slot * self.hidden : (slot + 1) * self.hidden].copy_(x)
         x = x[:, -1:] if last_only else x
-        return self.logits(self.norm(self.decoder.norm, x), mm)  # [1, T or 1, V]
+        return self.adapter.logits(self.norm(self.decoder.norm, x))  # [1, T or 1, V]
 
 
 class StaticDrafter:
     """The drafter over static context K/V buffers; block K/V are scratch rows just past the context."""
 
-    def __init__(
-        self, drafter: Any, max_len: int, fuse: bool = True, fast_norm: bool = True, row_sums: bool = False
-    ):
+    def __init__(self, drafter: Any, max_len: int, fuse: bool = True, fast_norm: bool = True):
         self.d = drafter
-        self.mm = _sums_linear if row_sums else F.linear  # as StaticTarget's
-        self.attend = _grouped_chunks if row_sums else _grouped_sdpa
         w = drafter.fc.weight
         self.dtype = w.dtype
         a = drafter.layers[0].self_attn
@@ -308,14 +274,14 @@ class StaticDrafter:
         k = self.norm(a.k_norm, k.view(1, t, a.kv_heads, a.head_dim)).transpose(1, 2)
         return apply_rotary(k, cos, sin), v.view(1, t, a.kv_heads, a.head_dim).transpose(1, 2)
 
-    def append(self, feats, pos, prefill: bool = False) -> None:
+    def append(self, feats, pos) -> None:
         """Project context features [1, n, K*H] at positions pos.. into every layer's K/V."""
-        n, mm = feats.shape[1], F.linear if prefill else self.mm
+        n = feats.shape[1]
         positions = pos + self.key_pos[:n]
-        ctx = self.norm(self.d.hidden_norm, _apply(mm, self.d.fc, feats.to(self.dtype)))  # [1, n, H]
+        ctx = self.norm(self.d.hidden_norm, self.d.fc(feats.to(self.dtype)))  # [1, n, H]
         rope = self.d.rotary_emb(positions, self.dtype)
         for i in range(len(self.d.layers)):
-            k, v = self._heads(i, *self.kv[i](ctx, mm), *rope)  # [1, kvh, n, hd]
+            k, v = self._heads(i, *self.kv[i](ctx), *rope)  # [1, kvh, n, hd]
             self.k[i].index_copy_(2, positions, k)
             self.v[i].index_copy_(2, positions, v)
 
@@ -343,17 +309,13 @@ class StaticDrafter:
             kind = (a.causal, a.window)
             if kind not in masks:
                 masks[kind] = _group_mask(self._mask(a, q_pos, pos), self.group, self.dtype)
-            q, k, v = self.qkv[i](
-                self.norm(layer.input_layernorm, x), self.mm
-            )  # [1, B, heads*hd], [.., kvh*hd] x2
+            q, k, v = self.qkv[i](self.norm(layer.input_layernorm, x))  # [1, B, heads*hd], [1, B, kvh*hd] x2
             q = self.norm(a.q_norm, q.view(1, b, a.heads, a.head_dim)).transpose(1, 2)
             k, v = self._heads(i, k, v, *rope)
             self.k[i].index_copy_(2, q_pos, k)  # scratch: the next append overwrites these rows
             self.v[i].index_copy_(2, q_pos, v)
-            out = self.attend(apply_rotary(q, *rope), self.k[i], self.v[i], masks[kind], a.head_dim**-0.5)
-            x = x + _apply(self.mm, a.o_proj, out)
-            gate, up = self.gate_up[i](
-                self.norm(layer.post_attention_layernorm, x), self.mm
-            )  # [1, B, F] each
-            x = x + _apply(self.mm, layer.mlp.down_proj, layer.mlp.act(gate) * up)
+            out = _grouped_sdpa(apply_rotary(q, *rope), self.k[i], self.v[i], masks[kind], a.head_dim**-0.5)
+            x = x + a.o_proj(out)
+            gate, up = self.gate_up[i](self.norm(layer.post_attention_layernorm, x))  # [1, B, F] each
+            x = x + layer.mlp.down_proj(layer.mlp.act(gate) * up)
         return self.norm(self.d.norm, x)
