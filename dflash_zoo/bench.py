@@ -59,6 +59,8 @@ SHAPES: dict[str, Shape] = {
     ),
     "llama-3.1-8b": Shape("llama", 4096, 32, 128256, 32, 8, 128, 14336, 5e5, 128255, block_size=10),
     "qwen3.5-9b": Shape("qwen3_5_text", 4096, 32, 248320, 16, 4, 256, 12288, 1e7, 248070),
+    # Qwen3-32B's config.json (no published drafter: a capacity shape for `--devices`, ~65 GB in bf16)
+    "qwen3-32b": Shape("qwen3", 5120, 64, 151936, 64, 8, 128, 25600, 1e6, 151669),
     "tiny-qwen3": Shape(
         "qwen3", 64, 4, 256, 4, 2, 16, 128, 1e6, 255, draft_layers=2, draft_taps=2, block_size=8
     ),
@@ -146,15 +148,51 @@ def shape_target(s: Shape, device: str, dtype: torch.dtype, max_positions: int =
         return auto.from_config(cfg, dtype=dtype).eval()
 
 
-def random_subject(name: str, device: str, dtype: torch.dtype, opts: BenchOptions) -> Subject:
-    """A random-weight target of shape `name` and a random drafter for it (no download)."""
+def random_subject(
+    name: str, device: str, dtype: torch.dtype, opts: BenchOptions, devices: list[str] | None = None
+) -> Subject:
+    """A random-weight target of shape `name` and a random drafter for it (no download).
+
+    devices: split the target over these devices. It is built on `meta` and each module is allocated and
+    initialised on its planned device (`placement.materialise`), so it never sits whole on one; the drafter
+    goes on the head's device.
+    """
     from .adapters import get_adapter
-    from .config import default_target_layer_ids, normalize_draft_config
-    from .drafter import DFlashDrafter
 
     s = SHAPES[name]
     torch.manual_seed(opts.seed)
-    model = shape_target(s, device, dtype, max(40960, opts.prompt_tokens + opts.new_tokens + 64))
+    positions = max(40960, opts.prompt_tokens + opts.new_tokens + 64)
+    placement = None
+    if devices:
+        from .placement import apply_placement, materialise, module_bytes, plan_placement
+
+        model = shape_target(s, "meta", dtype, positions)
+        adapter = get_adapter(s.model_type)(model)
+        plan = plan_placement(adapter, devices, reserve_bytes=module_bytes(_random_drafter(s, "meta", dtype)))
+        materialise(model, adapter, plan)
+        placement = apply_placement(model, adapter, plan)
+        drafter = _random_drafter(s, plan.head, dtype)
+        placement.attach_drafter(drafter)
+    else:
+        adapter = get_adapter(s.model_type)(shape_target(s, device, dtype, positions))
+        drafter = _random_drafter(s, device, dtype)
+    gen = torch.Generator().manual_seed(opts.seed)
+    prompt = torch.randint(0, s.mask_token_id, (opts.prompt_tokens,), generator=gen).tolist()
+    source = {
+        "kind": "shape",
+        "shape": name,
+        **{k: v for k, v in vars(s).items() if k != "extra"},
+        "weights": "random",
+        "placement": placement.plan.to_dict() if placement else None,
+    }
+    return Subject(adapter, drafter, s.mask_token_id, prompt, source, placement)
+
+
+def _random_drafter(s: Shape, device: str, dtype: torch.dtype) -> Any:
+    """A random DFlash drafter for shape `s` (families.md §2 sizes for the 8B-class hidden sizes)."""
+    from .config import default_target_layer_ids, normalize_draft_config
+    from .drafter import DFlashDrafter
+
     taps = default_target_layer_ids(s.layers, s.draft_taps)
     draft = normalize_draft_config(
         {
@@ -178,16 +216,7 @@ def random_subject(name: str, device: str, dtype: torch.dtype, opts: BenchOption
         }
     )
     with torch.device(device):
-        drafter = DFlashDrafter(draft).to(dtype).eval()
-    gen = torch.Generator().manual_seed(opts.seed)
-    prompt = torch.randint(0, s.mask_token_id, (opts.prompt_tokens,), generator=gen).tolist()
-    source = {
-        "kind": "shape",
-        "shape": name,
-        **{k: v for k, v in vars(s).items() if k != "extra"},
-        "weights": "random",
-    }
-    return Subject(get_adapter(s.model_type)(model), drafter, s.mask_token_id, prompt, source)
+        return DFlashDrafter(draft).to(dtype).eval()
 
 
 def pair_subject(

@@ -302,6 +302,27 @@ def apply_placement(model: torch.nn.Module, adapter: Any, plan: PlacementPlan) -
     return Placement(plan, handles)
 
 
+def materialise(model: torch.nn.Module, adapter: Any, plan: PlacementPlan) -> None:
+    """Allocate a target built on `meta` module by module on its planned device, then initialise it there.
+
+    For random-weight targets too large for one device (`bench --shape ... --devices`): the model is never whole
+    on one device. Weights, and buffers such as rotary tables, come from HF's own `_init_weights`.
+    """
+    parts = _parts(model, adapter)
+    devs = [torch.device(d) for d in plan.devices]
+    units = [(layer, devs[plan.layer_devices[i]]) for i, layer in enumerate(parts.layers)]
+    units += [(parts.head, devs[plan.head_device]), (parts.norm, devs[plan.head_device])]
+    units += [(parts.embed, devs[plan.head_device if plan.tied else plan.stem_device])]
+    for mod, dev in units:
+        mod.to_empty(device=dev)
+    for mod in model.modules():  # what is left on meta (rotary tables, containers) goes to the stem's device
+        if any(t.is_meta for t in [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]):
+            mod.to_empty(device=devs[plan.stem_device], recurse=False)
+    with torch.no_grad():  # (to_empty unties a tied head; apply_placement ties it again)
+        for mod in model.modules():
+            model._init_weights(mod)
+
+
 def _move_rest(model: torch.nn.Module, placed: set[str], device: torch.device) -> None:
     """Everything outside the placed modules goes to `device`; their ancestors move only their own tensors."""
     ancestors = {n.rsplit(".", k)[0] for n in placed for k in range(1, n.count(".") + 1)} | {""}

@@ -2,9 +2,9 @@
 
 1. lossless: tiny fp32 qwen3 and qwen3_5_text targets split over cuda:0 / cuda:1; greedy speculative and AR
    output must equal the unsplit (cuda:0) AR output;
-2. a Qwen3-32B-shaped random bf16 target (H 5120, L 64, 64/8/128 heads, FFN 25600, V 151936; ~65 GB) built on
-   `meta`, planned, then materialised module by module on its planned GPU (never whole on one); a random
-   5-layer block-16 drafter on the head's GPU; eager AR and DFlash (what-if tau 6.5) for 128 new tokens on a
+2. a Qwen3-32B-shaped random bf16 target (`bench.SHAPES["qwen3-32b"]`, ~65 GB) built on `meta`, planned, then
+   materialised module by module on its planned GPU (`bench.random_subject(..., devices)`, as
+   `dflash-zoo bench --shape qwen3-32b --devices ...` does); a random 5-layer block-16 drafter on the head's GPU; eager AR and DFlash (what-if tau 6.5) for 128 new tokens on a
    512-token prompt: tok/s and per-GPU peak memory.
 
 Run: PYTHONPATH=. python3 scripts/gpu_multi.py --out $OUT/multi.json
@@ -59,79 +59,6 @@ def lossless(model_type: str, n_prompts: int = 3, new: int = 32) -> dict:
     }
 
 
-BIG = dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
-           intermediate_size=25600)  # fmt: skip
-TINY = dict(
-    hidden_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    intermediate_size=128,
-)  # fmt: skip  (--cpu-debug: the same code path on ["cpu", "cpu"])
-
-
-def big_config(shape: dict):
-    import transformers
-
-    return transformers.AutoConfig.for_model(
-        "qwen3",
-        vocab_size=151936,
-        max_position_embeddings=40960,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-        tie_word_embeddings=False,
-        **shape,
-    )
-
-
-def big_drafter(cfg, device: str | None):
-    from dflash_zoo.config import default_target_layer_ids, normalize_draft_config
-    from dflash_zoo.drafter import DFlashDrafter
-
-    draft = normalize_draft_config(
-        {
-            "model_type": "qwen3",
-            "hidden_size": cfg.hidden_size,
-            "intermediate_size": cfg.intermediate_size,
-            "num_hidden_layers": 5,
-            "num_attention_heads": min(32, cfg.num_attention_heads),
-            "num_key_value_heads": cfg.num_key_value_heads,
-            "head_dim": cfg.head_dim,
-            "vocab_size": cfg.vocab_size,
-            "rms_norm_eps": 1e-6,
-            "rope_theta": 1e6,
-            "max_position_embeddings": 40960,
-            "num_target_layers": cfg.num_hidden_layers,
-            "dflash_config": {
-                "block_size": 16,
-                "target_layer_ids": default_target_layer_ids(cfg.num_hidden_layers, 5),
-                "mask_token_id": 151669,
-            },
-        }
-    )
-    with torch.device(device or "meta"):
-        return DFlashDrafter(draft).to(torch.bfloat16).eval()
-
-
-def materialise(model, adapter, plan) -> None:
-    """Allocate each meta module on its planned device and initialise it there (HF's own `_init_weights`)."""
-    devs = [torch.device(d) for d in plan.devices]
-    units = [(layer, devs[plan.layer_devices[i]]) for i, layer in enumerate(adapter.layers())]
-    units += [
-        (model.get_output_embeddings(), devs[plan.head_device]),
-        (model.model.norm, devs[plan.head_device]),
-    ]
-    units += [(model.get_input_embeddings(), devs[plan.stem_device])]
-    for mod, dev in units:
-        mod.to_empty(device=dev)
-    for mod in model.modules():  # what is left on meta (rotary tables, containers) goes to the stem's device
-        if any(t.is_meta for t in [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]):
-            mod.to_empty(device=devs[plan.stem_device], recurse=False)
-    with torch.no_grad():
-        for mod in model.modules():
-            model._init_weights(mod)
-
-
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -163,48 +90,40 @@ def kernel_time(ar) -> dict:
     }
 
 
-def big_run(new_tokens: int, prompt_tokens: int, devices: list[str], shape: dict) -> dict:
-    import transformers
-    from dflash_zoo.adapters import get_adapter
-
+def big_run(new_tokens: int, prompt_tokens: int, devices: list[str], shape: str) -> dict:
     from dflash_zoo import bench as B
     from dflash_zoo.decode import SpeculativeDecoder, autoregressive_generate
-    from dflash_zoo.placement import apply_placement, module_bytes, plan_placement
     from dflash_zoo.results import GenerationConfig
 
-    cfg = big_config(shape)
     t = time.time()
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-    adapter = get_adapter("qwen3")(model)
-    plan = plan_placement(adapter, devices, reserve_bytes=module_bytes(big_drafter(cfg, None)))
-    say(plan.describe())
-    materialise(model, adapter, plan)
-    placement = apply_placement(model, adapter, plan)
-    drafter = big_drafter(cfg, plan.head)
-    placement.attach_drafter(drafter)
+    dtype = torch.float32 if devices[0] == "cpu" else torch.bfloat16
+    opts = B.BenchOptions(prompt_tokens=prompt_tokens)
+    sub = B.random_subject(shape, devices[0], dtype, opts, devices if len(devices) > 1 else None)
+    head = str(next(sub.drafter.parameters()).device)
     sync()
     build_s = time.time() - t
     say(f"built and placed in {build_s:.1f} s")
-    prompt = torch.randint(0, 151000, (prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
     override = B.whatif_schedule(6.5, 16)
     spec_new = B.whatif_new_tokens(6.5, new_tokens)
 
     def spec(n):
-        dec = SpeculativeDecoder(
-            adapter, drafter, prompt, GenerationConfig(max_new_tokens=n), 151669, override
-        )
+        cfg = GenerationConfig(max_new_tokens=n)
+        dec = SpeculativeDecoder(sub.adapter, sub.drafter, sub.prompt, cfg, sub.mask_token_id, override)
         for _ in dec:
             pass
         return dec.result
 
     def ar(n):
-        return autoregressive_generate(adapter, prompt, GenerationConfig(max_new_tokens=n), plan.head)
+        return autoregressive_generate(sub.adapter, sub.prompt, GenerationConfig(max_new_tokens=n), head)
 
     ar(4), spec(14)  # warm-up: kernels, allocator
-    out = {"plan": plan.to_dict(), "build_and_place_seconds": build_s, "kernel_time": kernel_time(ar)}
+    out = {
+        "plan": sub.source["placement"],
+        "build_and_place_seconds": build_s,
+        "kernel_time": kernel_time(ar),
+    }
+    gpus = sorted({torch.device(d) for d in devices if d.startswith("cuda")}, key=str)
     for name, fn, n in (("autoregressive", ar, new_tokens), ("dflash_whatif_6.5", spec, spec_new)):
-        gpus = [torch.device(d) for d in plan.devices if d.startswith("cuda")]
         for d in gpus:
             torch.cuda.reset_peak_memory_stats(d)
         res = fn(n)
@@ -259,7 +178,10 @@ def main() -> None:
 
     if args.cpu_debug:
         jobs = [
-            ("tiny_shape_cpu", lambda: big_run(args.new_tokens, args.prompt_tokens, ["cpu", "cpu"], TINY))
+            (
+                "tiny_shape_cpu",
+                lambda: big_run(args.new_tokens, args.prompt_tokens, ["cpu", "cpu"], "tiny-qwen3"),
+            )
         ]
     elif torch.cuda.device_count() < 2:
         record["error"] = f"needs 2 CUDA devices, found {torch.cuda.device_count()}"
@@ -274,7 +196,7 @@ def main() -> None:
         for spec in args.big_on:
             devs = spec.split(",")
             name = "qwen3_32b_shape" + ("" if len(devs) == 2 else f"_on_{len(devs)}")
-            jobs.append((name, lambda d=devs: big_run(args.new_tokens, args.prompt_tokens, d, BIG)))
+            jobs.append((name, lambda d=devs: big_run(args.new_tokens, args.prompt_tokens, d, "qwen3-32b")))
     for name, job in jobs:
         say(name, "start")
         try:

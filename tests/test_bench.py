@@ -122,3 +122,20 @@ def test_bench_split_target_runs_eager_and_records_the_placement(tmp_path, monke
     assert placement["devices"] == ["cpu", "cpu"] and placement["head"] == "cpu"
     bad = CliRunner().invoke(cli, ["bench", "--devices", "cpu,cpu", "--path", "fast"])
     assert bad.exit_code == 2 and "eager path only" in bad.output
+
+
+def test_bench_random_shape_split_over_devices(tmp_path, monkeypatch):
+    """--shape with --devices: a random target built on meta and materialised slot by slot, benched eagerly."""
+    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path))
+    args = ["bench", "--shape", "tiny-qwen3", "--devices", "cpu,cpu", "--prompt-tokens", "8", "--new-tokens",
+            "12", "--warmup", "0", "--repeats", "1", "--what-if-acceptance", "2.5", "--json"]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    rec = json.loads(next((tmp_path / "bench").glob("*.json")).read_text())
+    assert list(rec["results"]) == ["eager"]
+    assert rec["subject"]["kind"] == "shape" and rec["subject"]["placement"]["devices"] == ["cpu", "cpu"]
+    assert rec["results"]["eager"]["dflash"]["mean_acceptance_length"] == 2.5
+    bad = CliRunner().invoke(
+        cli, ["bench", "--shape", "tiny-qwen3", "--devices", "cpu,cpu", "--device", "cpu"]
+    )
+    assert bad.exit_code == 2 and "--devices" in bad.output

@@ -176,3 +176,34 @@ def test_two_gpu_split_is_lossless_fp32():
         assert pipe.device == torch.device("cuda:1")
         for seed, ref in enumerate(refs):
             assert pipe.generate(_prompt(seed), max_new_tokens=24).output_ids == ref
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_materialised_random_target_matches_a_directly_built_one(monkeypatch, tied):
+    """`materialise` (meta -> planned devices -> HF init): no meta tensor left, rotary tables exact, the tied
+    head still tied, weights drawn as `from_config` draws them; and the placed pair decodes losslessly."""
+    from dflash_zoo import bench as B
+    from dflash_zoo.decode import SpeculativeDecoder, autoregressive_generate
+    from dflash_zoo.results import GenerationConfig
+
+    shape = B.SHAPES["tiny-qwen3"]
+    if tied:
+        shape = B.Shape(**{**vars(shape), "extra": {"tie_word_embeddings": True}})
+        monkeypatch.setitem(B.SHAPES, "tiny-tied", shape)
+    opts = B.BenchOptions(prompt_tokens=8)
+    sub = B.random_subject("tiny-tied" if tied else "tiny-qwen3", "cpu", torch.float32, opts, ["cpu", "cpu"])
+    ref = B.shape_target(shape, "cpu", torch.float32)
+    model = sub.adapter.model
+    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+    for (name, b), (_, rb) in zip(model.named_buffers(), ref.named_buffers(), strict=True):
+        assert torch.equal(b, rb), name
+    for (name, p), (_, rp) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
+        assert abs(p.std() - rp.std()) <= 0.2 * rp.std() + 1e-6, name  # same init rule (std 0.02, ones, ...)
+    assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
+    assert sub.source["placement"]["tied"] == tied and len(sub.placement.handles) > 0
+    cfg = GenerationConfig(max_new_tokens=10, block_size=shape.block_size)
+    ar = autoregressive_generate(sub.adapter, sub.prompt, cfg, "cpu").output_ids
+    dec = SpeculativeDecoder(sub.adapter, sub.drafter, sub.prompt, cfg, sub.mask_token_id)
+    for _ in dec:
+        pass
+    assert dec.result.output_ids == ar

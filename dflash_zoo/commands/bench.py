@@ -19,6 +19,7 @@ Examples:
   dflash-zoo bench --shape qwen3-8b --what-if-acceptance 6.5 --compile
   dflash-zoo bench qwen3-8b --prompt-tokens 512 --new-tokens 512
   dflash-zoo bench --target Qwen/Qwen3-8B --draft z-lab/Qwen3-8B-DFlash-b16 --path eager --path fast
+  dflash-zoo bench --shape qwen3-32b --devices cuda:0,cuda:1 --what-if-acceptance 6.5   # split, eager
 \b
 Environment: DFLASH_ZOO_HOME (results go to $DFLASH_ZOO_HOME/bench/), HF_HOME, HF_HUB_OFFLINE=1.
 """
@@ -80,21 +81,23 @@ def bench(entry, target, draft, shape, dtype, device, devices, paths, out, as_js
 
     if shape and (entry or target or draft):
         raise click.UsageError("--shape builds a random target; do not combine it with a model")
-    if devices and (shape or device):
+    if devices and device:
         raise click.UsageError(
-            "--devices splits a real pair; not with --device or --shape (scripts/gpu_multi.py places random shapes)"
+            "--devices splits the target over several devices; do not combine it with --device"
         )
     if devices and "fast" in paths:
         raise click.UsageError("a target split across devices runs the eager path only (--path eager)")
     if shape and shape not in B.SHAPES:
         raise click.UsageError(f"unknown shape {shape!r}; known: {', '.join(B.SHAPES)}")
-    device, _ = resolve_devices(devices, device)  # a split target: its first device sets the dtype default
+    device, split = resolve_devices(
+        devices, device
+    )  # a split target: its first device sets the dtype default
     torch_dtype = parse_dtype(dtype, device)
     where = devices or device
     info(f"building {'shape ' + shape if shape else entry or target or 'the demo pair'} on {where} ...")
     opts = B.BenchOptions(paths=tuple(paths) or ("fast",), compile=compile_steps, **kw)
     if shape:
-        sub = B.random_subject(shape, device, torch_dtype, opts)
+        sub = B.random_subject(shape, device, torch_dtype, opts, split)
     else:
         sub = B.pair_subject(entry or target, draft, device, torch_dtype, opts, devices)
     if not paths:
