@@ -4,8 +4,10 @@
    output must equal the unsplit (cuda:0) AR output;
 2. a Qwen3-32B-shaped random bf16 target (`bench.SHAPES["qwen3-32b"]`, ~65 GB) built on `meta`, planned, then
    materialised module by module on its planned GPU (`bench.random_subject(..., devices)`, as
-   `dflash-zoo bench --shape qwen3-32b --devices ...` does); a random 5-layer block-16 drafter on the head's GPU; eager AR and DFlash (what-if tau 6.5) for 128 new tokens on a
-   512-token prompt: tok/s and per-GPU peak memory.
+   `dflash-zoo bench --shape qwen3-32b --devices ...` does), a random 5-layer block-16 drafter on the head's
+   GPU: eager AR and DFlash (what-if tau 6.5), 128 new tokens on a 512-token prompt, tok/s, per-GPU peak
+   memory, and kernel time against wall time per AR token (`--big-on cuda:0 cuda:0,cuda:1` runs it on one
+   GPU and on two).
 
 Run: PYTHONPATH=. python3 scripts/gpu_multi.py --out $OUT/multi.json
 """

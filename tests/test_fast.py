@@ -72,9 +72,6 @@ def test_fast_path_equals_eager_token_for_token(model_type, variant):
         ref = autoregressive_generate(adapter, prompt, cfg).output_ids
         eager, fast = _eager(adapter, drafter, prompt, cfg), eng.speculative(prompt, cfg)
         assert fast.output_ids == eager.output_ids == ref
-        # the same drafts while eager drafts full blocks (near the end it shortens them; a block is bidirectional)
-        full = [s.proposed for s in eager.steps if len(s.proposed) == eng.block - 1]
-        assert full and [s.proposed for s in fast.steps[: len(full)]] == full
         assert eng.autoregressive(prompt, cfg).output_ids == ref
         n = _full_block_steps(eager, cfg.max_new_tokens)
         assert [s.proposed for s in fast.steps[:n]] == [s.proposed for s in eager.steps[:n]]

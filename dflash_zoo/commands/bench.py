@@ -89,9 +89,8 @@ def bench(entry, target, draft, shape, dtype, device, devices, paths, out, as_js
         raise click.UsageError("a target split across devices runs the eager path only (--path eager)")
     if shape and shape not in B.SHAPES:
         raise click.UsageError(f"unknown shape {shape!r}; known: {', '.join(B.SHAPES)}")
-    device, split = resolve_devices(
-        devices, device
-    )  # a split target: its first device sets the dtype default
+    # a split target: its first device sets the dtype default
+    device, split = resolve_devices(devices, device)
     torch_dtype = parse_dtype(dtype, device)
     where = devices or device
     info(f"building {'shape ' + shape if shape else entry or target or 'the demo pair'} on {where} ...")
