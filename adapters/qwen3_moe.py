@@ -3,7 +3,10 @@
 Quirks:
 - same decoder layout and cache as dense Qwen3 (full attention, negative crop is exact);
 - the sparse MoE block does not change what a tap sees: decoder layers still return the residual stream;
-- Qwen3-Coder has no thinking mode, so no template switch is passed.
+- Qwen3-Coder has no thinking mode, so no template switch is passed;
+- fast path: attention as dense Qwen3 (q/k norms); the sparse MoE block runs as HF's own module inside the
+  static step, with transformers' default experts implementation `grouped_mm` (or `batched_mm`): no host sync,
+  so the step can be captured. The `eager` implementation (a Python loop over the hit experts) cannot.
 """
 
 from __future__ import annotations
@@ -14,4 +17,4 @@ from .base import TargetAdapter
 
 @register("qwen3_moe")
 class Qwen3MoeAdapter(TargetAdapter):
-    pass
+    static_qk_norm = True

@@ -174,7 +174,7 @@ class Pipeline:
         reason = (
             # CUDA graphs and static caches need the whole target on one device
             ("target split across devices" if self.placement is not None else None)
-            or unsupported_reason(self.adapter, cfg)
+            or unsupported_reason(self.adapter, cfg, graphs=self.device.type == "cuda")
             or ("block size override" if cfg.block_size != self.drafter.cfg.block_size else None)
         )
         if reason or kw.get("accept_override"):

@@ -59,6 +59,27 @@ SHAPES: dict[str, Shape] = {
     ),
     "llama-3.1-8b": Shape("llama", 4096, 32, 128256, 32, 8, 128, 14336, 5e5, 128255, block_size=10),
     "qwen3.5-9b": Shape("qwen3_5_text", 4096, 32, 248320, 16, 4, 256, 12288, 1e7, 248070),
+    # families.md §1/§2: Qwen3-Coder-30B-A3B (48 layers of 128 experts, top 8; rope theta 1e7 assumed, as noted
+    # there) and its 8-layer drafter (FFN 6144 = the target's dense intermediate size)
+    "qwen3-coder-30b-a3b": Shape(
+        "qwen3_moe",
+        2048,
+        48,
+        151936,
+        32,
+        4,
+        128,
+        6144,
+        1e7,
+        151669,
+        draft_layers=8,
+        extra={
+            "num_experts": 128,
+            "num_experts_per_tok": 8,
+            "moe_intermediate_size": 768,
+            "norm_topk_prob": True,
+        },
+    ),  # fmt: skip
     # Qwen3-32B's config.json (no published drafter: a capacity shape for `--devices`, ~65 GB in bf16)
     "qwen3-32b": Shape("qwen3", 5120, 64, 151936, 64, 8, 128, 25600, 1e6, 151669),
     "tiny-qwen3": Shape(
@@ -328,7 +349,7 @@ def run_bench(sub: Subject, opts: BenchOptions, argv: list[str] | None = None) -
         new_tokens = whatif_new_tokens(opts.what_if_acceptance, opts.new_tokens)
     cfg = GenerationConfig(max_new_tokens=new_tokens, block_size=block)
     bw = benchmeta.copy_bandwidth(device)
-    wbytes = benchmeta.weight_bytes(sub.adapter, sub.drafter)
+    wbytes = benchmeta.weight_bytes(sub.adapter, sub.drafter, block)
     results: dict[str, Any] = {}
     for path in opts.paths:
         log.info("bench: %s path", path)

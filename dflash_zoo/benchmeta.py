@@ -78,15 +78,33 @@ def _bytes(params) -> int:
     return sum(p.numel() * p.element_size() for p in params)
 
 
-def weight_bytes(adapter: Any, drafter: Any) -> dict[str, int]:
-    """Streamed bytes per forward: target (minus an untied input embedding), drafter, LM head."""
-    model = adapter.model
+EXPERT_COUNT_KEYS = (
+    "num_experts",
+    "n_routed_experts",
+    "num_local_experts",
+)  # config names across MoE families
+
+
+def weight_bytes(adapter: Any, drafter: Any, block: int = 1) -> dict[str, int]:
+    """Streamed bytes per forward: target (minus an untied input embedding), drafter, LM head.
+
+    A mixture-of-experts target streams only the experts it routes to: k of E for one token
+    (`target_streamed`) and, under uniform routing, a share 1 - (1 - k/E)^B of them for a B-token verify
+    (`target_streamed_verify`). Dense targets stream everything either way.
+    """
+    model, text = adapter.model, adapter.text_config
     emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     total = _bytes(model.parameters())
     streamed = total - (_bytes([emb]) if emb.data_ptr() != head.data_ptr() else 0)
+    experts = _bytes(p for n, p in model.named_parameters() if ".experts." in n)
+    n_experts = next((getattr(text, k) for k in EXPERT_COUNT_KEYS if getattr(text, k, None)), 0)
+    top_k = getattr(text, "num_experts_per_tok", 0)
+    miss = 1 - top_k / n_experts if experts and n_experts and top_k else 0.0
     return {
         "target_total": total,
-        "target_streamed": streamed,
+        "target_streamed": streamed - round(experts * miss),  # a token misses (1 - k/E) of the experts
+        "target_streamed_verify": streamed
+        - round(experts * miss**block),  # all B tokens miss one: (1 - k/E)^B
         "drafter": _bytes(drafter.parameters()),
         "lm_head": _bytes([head]),
     }
@@ -94,7 +112,7 @@ def weight_bytes(adapter: Any, drafter: Any) -> dict[str, int]:
 
 def add_roofline(ar: dict, spec: dict, wb: dict[str, int], bw: float | None) -> None:
     """Add `roofline_tokens_per_second` and `roofline_fraction` to both mode records (None on CPU)."""
-    step_bytes = wb["target_streamed"] + wb["drafter"] + wb["lm_head"]
+    step_bytes = wb["target_streamed_verify"] + wb["drafter"] + wb["lm_head"]
     for rec, roof in (
         (ar, bw / wb["target_streamed"] if bw else None),
         (spec, bw * spec["mean_acceptance_length"] / step_bytes if bw else None),

@@ -16,7 +16,8 @@ What differs from the eager loop (`decode.SpeculativeDecoder`), and why:
   apart from capture time and from throughput (`compile_seconds`, `capture_seconds`). Compiled, the
   autoregressive step's GEMVs are tuned Triton reductions and its attention explicit sums split over key chunks
   (measured faster).
-Scope: greedy decoding, batch 1, dense full-attention targets whose adapter sets `static_qk_norm`. Everything else uses decode.py.
+Scope: greedy decoding, batch 1, full-attention targets whose adapter sets `static_qk_norm` (dense, or sparse MoE
+blocks whose experts implementation does not sync with the host when graphs are on). Everything else uses decode.py.
 On CPU the same static path runs without graphs; tests compare it token for token with decode.py (fp32).
 """
 
@@ -71,13 +72,13 @@ class FastEngine:
         compile_options: dict[str, Any] | None = None,
         decode_attention: str | None = None,
     ):
-        reason = unsupported_reason(adapter)
+        self.device = next(adapter.layers()[0].parameters()).device
+        self.graphs = self.device.type == "cuda" if graphs is None else graphs
+        reason = unsupported_reason(adapter, graphs=self.graphs)
         if reason:
             raise ValueError(reason)
         self.adapter, self.drafter, self.mask_id = adapter, drafter, mask_token_id
         self.block = GenerationConfig(block_size=block_size).validated(drafter.cfg.block_size).block_size
-        self.device = adapter.layers()[0].self_attn.k_proj.weight.device
-        self.graphs = self.device.type == "cuda" if graphs is None else graphs
         size = -(-(max_len + 2 * self.block) // 64) * 64  # multiple of 64: aligned rows for the masked kernel
         self.max_len, self.size = max_len, size
         if decode_attention is None:

@@ -1,8 +1,9 @@
 """Static-shape forwards for the fast path: the target and the drafter over pre-allocated K/V buffers.
 
-- `StaticTarget`: an own forward over a dense full-attention target's HF modules (norms, q/k/v/o projections,
+- `StaticTarget`: an own forward over a full-attention target's HF modules (norms, q/k/v/o projections,
   MLP, rotary embedding; transformers `models/qwen3`, `models/llama`) writing K/V at tensor positions into
-  [1, kvh, S, hd] buffers. Rollback is a position counter: rejected rows stay, masked, until overwritten.
+  [1, kvh, S, hd] buffers. A sparse MoE block (`models/qwen3_moe`) runs as HF's own module; captured in a
+  CUDA graph only where its experts implementation does not sync with the host (`_graph_unsafe_reason`). Rollback is a position counter: rejected rows stay, masked, until overwritten.
 - `StaticDrafter`: the DFlash drafter (drafter.py modules) over a static context K/V buffer; the block's own
   K/V are written as scratch rows just past the context, so nothing is concatenated per step.
 Every shape is fixed for a given block, so a step can be captured in a CUDA graph (fast.py).
@@ -26,8 +27,8 @@ from .results import GenerationConfig
 from .rope import apply_rotary
 
 
-def unsupported_reason(adapter: Any, cfg: GenerationConfig | None = None) -> str | None:
-    """Why the fast path cannot run this pair (None: it can)."""
+def unsupported_reason(adapter: Any, cfg: GenerationConfig | None = None, graphs: bool = False) -> str | None:
+    """Why the fast path cannot run this pair (None: it can); `graphs`: its steps are to be CUDA graphs."""
     text = adapter.text_config
     if adapter.static_qk_norm is None:
         return f"model_type {text.model_type!r} has no static path (its adapter does not declare one)"
@@ -35,7 +36,34 @@ def unsupported_reason(adapter: Any, cfg: GenerationConfig | None = None) -> str
         return "target has non-full-attention layers"
     if cfg is not None and not cfg.greedy:
         return "the fast path is greedy only"
-    return None
+    return _graph_unsafe_reason(adapter) if graphs else None
+
+
+def _graph_unsafe_reason(adapter: Any) -> str | None:
+    """Why a step of this target would sync with the host, so cannot be captured (None: it would not).
+
+    Only sparse MoE blocks can, through their HF experts implementation (transformers `integrations/moe.py`):
+    `batched_mm` gathers each token's experts (no sync); `grouped_mm` counts tokens per expert with `histc` and
+    runs torch's grouped GEMM (no sync), but in another dtype than bf16, or without torch's grouped GEMM, it
+    falls back to a loop over `offsets.tolist()`; `eager` loops over the experts a step hit.
+    """
+    sparse = [layer.mlp for layer in adapter.layers() if not _dense(layer.mlp)]
+    if not sparse:
+        return None
+    impl = getattr(adapter.text_config, "_experts_implementation", None)
+    dtype = next(sparse[0].parameters()).dtype
+    has_grouped = hasattr(F, "grouped_mm") or hasattr(torch, "_grouped_mm")
+    if impl == "batched_mm" or (impl == "grouped_mm" and dtype == torch.bfloat16 and has_grouped):
+        return None
+    return (
+        f"experts implementation {impl!r} in {str(dtype).removeprefix('torch.')} syncs with the host every step; "
+        "model.set_experts_implementation('batched_mm') makes it capturable"
+    )
+
+
+def _dense(mlp: nn.Module) -> bool:
+    """A gated dense MLP (gate/up/down projections); anything else (a sparse MoE block) runs as its module."""
+    return all(isinstance(getattr(mlp, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj"))
 
 
 # ---- fused projections -------------------------------------------------------------------------------
@@ -193,7 +221,8 @@ class StaticTarget:
         self.hidden = text.hidden_size
         attns, mlps = [layer.self_attn for layer in self.layers], [layer.mlp for layer in self.layers]
         self.qkv = [FusedLinear([a.q_proj, a.k_proj, a.v_proj], fuse) for a in attns]
-        self.gate_up = [FusedLinear([m.gate_proj, m.up_proj], fuse) for m in mlps]
+        # a sparse MoE block keeps its own forward (router, experts implementation, shared experts): None here
+        self.gate_up = [FusedLinear([m.gate_proj, m.up_proj], fuse) if _dense(m) else None for m in mlps]
         self.k, self.v = [], []
         for layer in self.layers:
             w = layer.self_attn.k_proj.weight
@@ -222,6 +251,8 @@ class StaticTarget:
 
     def _mlp(self, i: int, x):
         mlp = self.layers[i].mlp
+        if self.gate_up[i] is None:
+            return mlp(x)  # [1, T, H]
         gate, up = self.gate_up[i](x)  # [1, T, F] each
         return mlp.down_proj(mlp.act_fn(gate) * up)
 

@@ -139,3 +139,32 @@ def test_bench_random_shape_split_over_devices(tmp_path, monkeypatch):
         cli, ["bench", "--shape", "tiny-qwen3", "--devices", "cpu,cpu", "--device", "cpu"]
     )
     assert bad.exit_code == 2 and "--devices" in bad.output
+
+
+def test_weight_bytes_of_a_moe_target_count_only_the_routed_experts():
+    """One token streams k of E experts; a B-token verify, under uniform routing, 1 - (1 - k/E)^B of them."""
+    import torch
+    from dflash_zoo.adapters import get_adapter
+
+    from dflash_zoo import benchmeta
+    from tests.tiny import tiny_drafter, tiny_target
+
+    model = tiny_target("qwen3_moe")
+    text = model.config
+    adapter, drafter = get_adapter("qwen3_moe")(model), tiny_drafter(model)
+    wb = benchmeta.weight_bytes(adapter, drafter, block=8)
+    experts = sum(p.numel() * 4 for n, p in model.named_parameters() if ".experts." in n)
+    everything = (
+        wb["target_total"] - model.get_input_embeddings().weight.numel() * 4
+    )  # untied: no input embedding
+    miss = 1 - text.num_experts_per_tok / text.num_experts  # 1 - 2/4 in the tiny config
+    assert experts > 0 and miss == 0.5
+    assert wb["target_streamed"] == everything - round(experts * miss)
+    assert wb["target_streamed_verify"] == everything - round(experts * miss**8)
+    dense = tiny_target("qwen3")
+    wd = benchmeta.weight_bytes(get_adapter("qwen3")(dense), tiny_drafter(dense), block=8)
+    assert (
+        wd["target_streamed"]
+        == wd["target_streamed_verify"]
+        == wd["target_total"] - 4 * torch.numel(dense.get_input_embeddings().weight)
+    )

@@ -63,7 +63,7 @@ def _full_block_steps(res, max_new: int) -> int:
     [{}, UNFUSED, {"decode_attention": "sums"}, {"decode_attention": "chunks"}],
     ids=["fused", "unfused", "sums", "chunks"],
 )
-@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+@pytest.mark.parametrize("model_type", ["qwen3", "llama", "qwen3_moe"])
 def test_fast_path_equals_eager_token_for_token(model_type, variant):
     adapter, drafter = _pair(model_type)
     cfg = GenerationConfig(max_new_tokens=20)
@@ -77,7 +77,7 @@ def test_fast_path_equals_eager_token_for_token(model_type, variant):
         assert [s.proposed for s in fast.steps[:n]] == [s.proposed for s in eager.steps[:n]]
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+@pytest.mark.parametrize("model_type", ["qwen3", "llama", "qwen3_moe"])
 def test_forced_acceptance_rollback_agrees(model_type):
     """A forced schedule commits drafts (na varies 1..3): both paths roll back and extend context alike."""
     adapter, drafter = _pair(model_type)
@@ -105,13 +105,27 @@ def test_engine_is_reusable_and_stops():
 
 
 def test_unsupported_pairs_are_named():
-    moe = get_adapter("qwen3_moe")(tiny_target("qwen3_moe"))
-    assert "qwen3_moe" in unsupported_reason(moe)
+    hybrid = get_adapter("qwen3_5_text")(tiny_target("qwen3_5_text"))
+    assert "no static path" in unsupported_reason(hybrid)
     adapter, drafter = _pair("qwen3")
     assert unsupported_reason(adapter) is None
     assert "greedy" in unsupported_reason(adapter, GenerationConfig(temperature=0.7))
     with pytest.raises(ValueError):
-        FastEngine(moe, drafter, MASK, max_len=64)
+        FastEngine(hybrid, drafter, MASK, max_len=64)
+
+    moe, _ = _pair("qwen3_moe")  # fp32, transformers' default experts implementation: grouped_mm
+    assert unsupported_reason(moe) is None  # uncaptured steps may sync with the host
+    assert "'grouped_mm' in float32 syncs" in unsupported_reason(
+        moe, graphs=True
+    )  # loops on offsets.tolist()
+    moe.model.to(torch.bfloat16)
+    assert unsupported_reason(moe, graphs=True) is None  # torch's grouped GEMM, no sync
+    moe.model.set_experts_implementation("eager")  # a Python loop over the hit experts
+    assert "'eager' in bfloat16 syncs" in unsupported_reason(moe, graphs=True)
+    moe.model.set_experts_implementation("batched_mm")  # gathers each token's experts
+    assert unsupported_reason(moe, graphs=True) is None
+    with pytest.raises(ValueError, match="experts implementation"):
+        FastEngine(get_adapter("qwen3_moe")(tiny_target("qwen3_moe")), drafter, MASK, max_len=64, graphs=True)
 
 
 @pytest.mark.gpu
@@ -121,6 +135,24 @@ def test_cuda_graph_path_equals_eager_fp32():
     cfg = GenerationConfig(max_new_tokens=24)
     eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=True)
     _assert_both_paths_equal_ar(eng, adapter, cfg, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_moe_cuda_graphs_equal_eager_fp32_and_capture_in_bf16():
+    """A sparse MoE target in CUDA graphs: fp32 with batched_mm (gathers; grouped_mm would sync in fp32) equals
+    eager AR; bf16 with transformers' default grouped_mm captures and decodes (equality is not expected there)."""
+    adapter, drafter = _pair("qwen3_moe", "cuda")
+    adapter.model.set_experts_implementation("batched_mm")
+    cfg = GenerationConfig(max_new_tokens=24)
+    _assert_both_paths_equal_ar(
+        FastEngine(adapter, drafter, MASK, max_len=64, graphs=True), adapter, cfg, "cuda"
+    )
+    adapter.model.set_experts_implementation("grouped_mm")
+    adapter.model.to(torch.bfloat16), drafter.to(torch.bfloat16)
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=True)
+    res = eng.speculative(_prompts(1)[0], cfg)
+    assert len(res.output_ids) == 24 and eng.capture_seconds > 0
 
 
 def test_smaller_block_than_trained():

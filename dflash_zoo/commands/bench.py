@@ -102,7 +102,8 @@ def bench(entry, target, draft, shape, dtype, device, devices, paths, out, as_js
     if not paths:
         from ..fast import unsupported_reason
 
-        reason = "split target" if sub.placement else unsupported_reason(sub.adapter)
+        graphs = opts.graphs if opts.graphs is not None else str(device).startswith("cuda")
+        reason = "split target" if sub.placement else unsupported_reason(sub.adapter, graphs=graphs)
         opts = B.BenchOptions(**{**vars(opts), "paths": ("eager",) if reason else ("fast",)})
     record = B.run_bench(sub, opts, ["dflash-zoo", *sys.argv[1:]])
     path = out or benchmeta.default_out(shape or entry or target or "demo")
