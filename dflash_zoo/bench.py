@@ -52,6 +52,12 @@ class Shape:
 
 # families.md §1 (H, L, V, q/kv/hd) and §2 (drafter FFN, B, mask id). Target FFN: Qwen3-8B 12288 (= its
 # drafter's); Llama-3.1-8B 14336 (its config.json); Qwen3.5-9B: the qwen3_5_text config default (12288).
+CODER_MOE = {
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+}
 SHAPES: dict[str, Shape] = {
     "qwen3-8b": Shape("qwen3", 4096, 36, 151936, 32, 8, 128, 12288, 1e6, 151669),
     "qwen3-4b": Shape(
@@ -62,24 +68,8 @@ SHAPES: dict[str, Shape] = {
     # families.md §1/§2: Qwen3-Coder-30B-A3B (48 layers of 128 experts, top 8; rope theta 1e7 assumed, as noted
     # there) and its 8-layer drafter (FFN 6144 = the target's dense intermediate size)
     "qwen3-coder-30b-a3b": Shape(
-        "qwen3_moe",
-        2048,
-        48,
-        151936,
-        32,
-        4,
-        128,
-        6144,
-        1e7,
-        151669,
-        draft_layers=8,
-        extra={
-            "num_experts": 128,
-            "num_experts_per_tok": 8,
-            "moe_intermediate_size": 768,
-            "norm_topk_prob": True,
-        },
-    ),  # fmt: skip
+        "qwen3_moe", 2048, 48, 151936, 32, 4, 128, 6144, 1e7, 151669, draft_layers=8, extra=CODER_MOE
+    ),
     # Qwen3-32B's config.json (no published drafter: a capacity shape for `--devices`, ~65 GB in bf16)
     "qwen3-32b": Shape("qwen3", 5120, 64, 151936, 64, 8, 128, 25600, 1e6, 151669),
     "tiny-qwen3": Shape(

@@ -78,11 +78,8 @@ def _bytes(params) -> int:
     return sum(p.numel() * p.element_size() for p in params)
 
 
-EXPERT_COUNT_KEYS = (
-    "num_experts",
-    "n_routed_experts",
-    "num_local_experts",
-)  # config names across MoE families
+# how MoE configs name their expert count (it differs across families and transformers versions)
+EXPERT_COUNT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
 
 
 def weight_bytes(adapter: Any, drafter: Any, block: int = 1) -> dict[str, int]:
@@ -99,12 +96,11 @@ def weight_bytes(adapter: Any, drafter: Any, block: int = 1) -> dict[str, int]:
     experts = _bytes(p for n, p in model.named_parameters() if ".experts." in n)
     n_experts = next((getattr(text, k) for k in EXPERT_COUNT_KEYS if getattr(text, k, None)), 0)
     top_k = getattr(text, "num_experts_per_tok", 0)
-    miss = 1 - top_k / n_experts if experts and n_experts and top_k else 0.0
+    miss = 1 - top_k / n_experts if experts and n_experts and top_k else 0.0  # share of experts a token skips
     return {
         "target_total": total,
-        "target_streamed": streamed - round(experts * miss),  # a token misses (1 - k/E) of the experts
-        "target_streamed_verify": streamed
-        - round(experts * miss**block),  # all B tokens miss one: (1 - k/E)^B
+        "target_streamed": streamed - round(experts * miss),
+        "target_streamed_verify": streamed - round(experts * miss**block),  # skipped by all B tokens
         "drafter": _bytes(drafter.parameters()),
         "lm_head": _bytes([head]),
     }

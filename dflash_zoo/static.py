@@ -2,8 +2,9 @@
 
 - `StaticTarget`: an own forward over a full-attention target's HF modules (norms, q/k/v/o projections,
   MLP, rotary embedding; transformers `models/qwen3`, `models/llama`) writing K/V at tensor positions into
-  [1, kvh, S, hd] buffers. A sparse MoE block (`models/qwen3_moe`) runs as HF's own module; captured in a
-  CUDA graph only where its experts implementation does not sync with the host (`_graph_unsafe_reason`). Rollback is a position counter: rejected rows stay, masked, until overwritten.
+  [1, kvh, S, hd] buffers. Rollback is a position counter: rejected rows stay, masked, until overwritten.
+  A sparse MoE block (`models/qwen3_moe`) runs as HF's own module, captured in a CUDA graph only where its
+  experts implementation does not sync with the host (`_graph_unsafe_reason`).
 - `StaticDrafter`: the DFlash drafter (drafter.py modules) over a static context K/V buffer; the block's own
   K/V are written as scratch rows just past the context, so nothing is concatenated per step.
 Every shape is fixed for a given block, so a step can be captured in a CUDA graph (fast.py).
