@@ -50,14 +50,14 @@ class Shape:
     extra: dict = field(default_factory=dict)
 
 
-# families.md §1 (H, L, V, q/kv/hd) and §2 (drafter FFN, B, mask id). Target FFN: Qwen3-8B 12288 (= its
-# drafter's); Llama-3.1-8B 14336 (its config.json); Qwen3.5-9B: the qwen3_5_text config default (12288).
-CODER_MOE = {
+CODER_MOE = {  # the MoE fields of Qwen3-Coder-30B-A3B's config (families.md §1)
     "num_experts": 128,
     "num_experts_per_tok": 8,
     "moe_intermediate_size": 768,
     "norm_topk_prob": True,
 }
+# families.md §1 (H, L, V, q/kv/hd) and §2 (drafter FFN, B, mask id). Target FFN: Qwen3-8B 12288 (= its
+# drafter's); Llama-3.1-8B 14336 (its config.json); Qwen3.5-9B: the qwen3_5_text config default (12288).
 SHAPES: dict[str, Shape] = {
     "qwen3-8b": Shape("qwen3", 4096, 36, 151936, 32, 8, 128, 12288, 1e6, 151669),
     "qwen3-4b": Shape(

@@ -281,10 +281,8 @@ def apply_placement(model: torch.nn.Module, adapter: Any, plan: PlacementPlan) -
         raise ConfigError(f"plan for {len(plan.layer_devices)} layers, target has {len(parts.layers)}")
     devs = [torch.device(d) for d in plan.devices]
     stem, head = devs[plan.stem_device], devs[plan.head_device]
-    for i, layer in enumerate(parts.layers):
-        layer.to(devs[plan.layer_devices[i]])
-    for m in (parts.norm, parts.head, parts.embed):
-        m.to(head if m is not parts.embed else stem)
+    for m, dev in _planned_modules(parts, plan):
+        m.to(dev)
     _move_rest(model, set(parts.names.values()), stem)
     if plan.tied and parts.head.weight is not parts.embed.weight:
         parts.head.weight = parts.embed.weight  # a device move that rebuilt the Parameter must not untie them
@@ -309,18 +307,24 @@ def materialise(model: torch.nn.Module, adapter: Any, plan: PlacementPlan) -> No
     on one device. Weights, and buffers such as rotary tables, come from HF's own `_init_weights`.
     """
     parts = _parts(model, adapter)
-    devs = [torch.device(d) for d in plan.devices]
-    units = [(layer, devs[plan.layer_devices[i]]) for i, layer in enumerate(parts.layers)]
-    units += [(parts.head, devs[plan.head_device]), (parts.norm, devs[plan.head_device])]
-    units += [(parts.embed, devs[plan.head_device if plan.tied else plan.stem_device])]
-    for mod, dev in units:
+    for mod, dev in _planned_modules(parts, plan):
         mod.to_empty(device=dev)
+    stem = torch.device(plan.devices[plan.stem_device])
     for mod in model.modules():  # what is left on meta (rotary tables, containers) goes to the stem's device
         if any(t.is_meta for t in [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]):
-            mod.to_empty(device=devs[plan.stem_device], recurse=False)
+            mod.to_empty(device=stem, recurse=False)
     with torch.no_grad():  # (to_empty unties a tied head; apply_placement ties it again)
         for mod in model.modules():
             model._init_weights(mod)
+
+
+def _planned_modules(parts: _Parts, plan: PlacementPlan) -> list[tuple[torch.nn.Module, torch.device]]:
+    """(module, device) for every decoder layer, the final norm, the head and the embedding (the stem's slot,
+    which is the head's when they are tied)."""
+    devs = [torch.device(d) for d in plan.devices]
+    head, stem = devs[plan.head_device], devs[plan.stem_device]
+    placed = [(layer, devs[plan.layer_devices[i]]) for i, layer in enumerate(parts.layers)]
+    return placed + [(parts.norm, head), (parts.head, head), (parts.embed, stem)]
 
 
 def _move_rest(model: torch.nn.Module, placed: set[str], device: torch.device) -> None:

@@ -115,9 +115,8 @@ def test_unsupported_pairs_are_named():
 
     moe, _ = _pair("qwen3_moe")  # fp32, transformers' default experts implementation: grouped_mm
     assert unsupported_reason(moe) is None  # uncaptured steps may sync with the host
-    assert "'grouped_mm' in float32 syncs" in unsupported_reason(
-        moe, graphs=True
-    )  # loops on offsets.tolist()
+    # captured, fp32 grouped_mm would loop on offsets.tolist()
+    assert "'grouped_mm' in float32 syncs" in unsupported_reason(moe, graphs=True)
     moe.model.to(torch.bfloat16)
     assert unsupported_reason(moe, graphs=True) is None  # torch's grouped GEMM, no sync
     moe.model.set_experts_implementation("eager")  # a Python loop over the hit experts
