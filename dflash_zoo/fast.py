@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 
+from . import kernels
 from .decode import AcceptOverride, _truncate
 from .results import GREEDY_RULE, GenerationConfig, GenerationResult, StepRecord
-from .static import DECODE_ATTENTION, StaticDrafter, StaticTarget, unsupported_reason
+from .static import BLOCK_ATTENTION, DECODE_ATTENTION, StaticDrafter, StaticTarget, unsupported_reason
 
 log = logging.getLogger("dflash_zoo")
 # inductor settings of compiled steps: with coordinate descent tuning, inductor lowers batch-1 matmuls (every
@@ -55,7 +56,9 @@ class FastEngine:
         compile: `torch.compile` the two step functions (inductor, no dynamic shapes, no inductor cudagraphs:
             graphs are captured here) with `compile_options` (default `COMPILE_OPTIONS`).
         decode_attention: attention of the autoregressive step (`static.DECODE_ATTENTION`); default:
-            `COMPILED_DECODE_ATTENTION` when compiling, else "sdpa" (the others are fast only when compiled).
+            `COMPILED_DECODE_ATTENTION` when compiling, else "sdpa" ("sums" and "chunks" are fast only when
+            compiled; "split" is the Triton kernel of kernels.py, CUDA only).
+        block_attention: attention of the verify and draft steps (`static.BLOCK_ATTENTION`), default "sdpa".
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class FastEngine:
         compile: bool = False,  # shadows the builtin in __init__ only: the public name of the flag
         compile_options: dict[str, Any] | None = None,
         decode_attention: str | None = None,
+        block_attention: str = "sdpa",
     ):
         self.device = next(adapter.layers()[0].parameters()).device
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -83,14 +87,18 @@ class FastEngine:
         self.max_len, self.size = max_len, size
         if decode_attention is None:
             decode_attention = COMPILED_DECODE_ATTENTION if compile else "sdpa"
-        if decode_attention not in DECODE_ATTENTION:
-            raise ValueError(
-                f"decode_attention must be one of {sorted(DECODE_ATTENTION)}, not {decode_attention!r}"
-            )
-        self.decode_attention = decode_attention
+        for what, name, table in [
+            ("decode", decode_attention, DECODE_ATTENTION),
+            ("block", block_attention, BLOCK_ATTENTION),
+        ]:
+            if name not in table:
+                raise ValueError(f"{what}_attention must be one of {sorted(table)}, not {name!r}")
+            if name == "split" and (why := kernels.available(self.device)):
+                raise ValueError(f"{what}_attention='split': {why}")
+        self.decode_attention, self.block_attention = decode_attention, block_attention
         taps = drafter.cfg.target_layer_ids
-        self.target = StaticTarget(adapter, size, taps, fuse, fast_norm, decode_attention)
-        self.sdraft = StaticDrafter(drafter, size, fuse, fast_norm)
+        self.target = StaticTarget(adapter, size, taps, fuse, fast_norm, decode_attention, block_attention)
+        self.sdraft = StaticDrafter(drafter, size, fuse, fast_norm, block_attention)
         dev, b = self.device, self.block
         self.pos = torch.zeros((), dtype=torch.long, device=dev)  # committed tokens in the target cache
         self.bonus = torch.zeros(1, dtype=torch.long, device=dev)  # last committed token, not yet verified

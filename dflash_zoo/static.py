@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import kernels
 from .results import GenerationConfig
 from .rope import apply_rotary
 
@@ -181,10 +182,25 @@ def _grouped_chunks(q, k, v, gmask, scale: float, chunks: int = 16) -> torch.Ten
     return _ungroup(out.to(v.dtype), h, t)
 
 
+def _grouped_split(q, k, v, gmask, scale: float) -> torch.Tensor:
+    """`_grouped_sdpa` through the Triton split-KV kernel (`kernels.split_kv_attention`); CUDA only."""
+    _, h, t, d = q.shape
+    kvh = k.shape[1]
+    qg = q.reshape(kvh, (h // kvh) * t, d)  # same row order as `_grouped_sdpa`
+    return _ungroup(kernels.split_kv_attention(qg, k[0], v[0], gmask[0, 0], scale)[None], h, t)
+
+
 # one-row (autoregressive) attention of the static target. At T = 1 the masked SDPA kernel runs one block per
 # KV head (8 blocks on 132 SMs for Qwen3-8B: 28 us a layer on an H200, compiled sums 15.5, flex_attention 37;
 # docs/perf-notes.md, Version 3); "chunks" beat "sums" in the compiled 8B step (187 against 173 tok/s, session 11).
-DECODE_ATTENTION = {"sdpa": _grouped_sdpa, "sums": _grouped_sums, "chunks": _grouped_chunks}
+DECODE_ATTENTION = {
+    "sdpa": _grouped_sdpa,
+    "sums": _grouped_sums,
+    "chunks": _grouped_chunks,
+    "split": _grouped_split,
+}
+# multi-row attention: the target's verify and the drafter's block (explicit sums lose there, perf-notes)
+BLOCK_ATTENTION = {"sdpa": _grouped_sdpa, "split": _grouped_split}
 
 
 def _group_mask(mask: torch.Tensor, g: int, dtype: torch.dtype) -> torch.Tensor:
@@ -207,9 +223,11 @@ class StaticTarget:
         fuse: bool = True,
         fast_norm: bool = True,
         decode_attention: str = "sdpa",
+        block_attention: str = "sdpa",
     ):
         self.adapter, self.model = adapter, adapter.model
         self.decode_attend = DECODE_ATTENTION[decode_attention]  # T = 1 steps only
+        self.block_attend = BLOCK_ATTENTION[block_attention]  # verify steps (T > 1)
         self.layers, self.decoder = adapter.layers(), adapter.model.get_decoder()
         text = adapter.text_config
         self.qk_norm = adapter.static_qk_norm
@@ -247,7 +265,7 @@ class StaticTarget:
             kk, vv = k.repeat_interleave(self.group, 1), v.repeat_interleave(self.group, 1)
             out = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=attn.scaling)
             return attn.o_proj(out.transpose(1, 2).reshape(1, t, -1))
-        attend = self.decode_attend if t == 1 else _grouped_sdpa
+        attend = self.decode_attend if t == 1 else self.block_attend
         return attn.o_proj(attend(q, self.k[i], self.v[i], gmask, attn.scaling))
 
     def _mlp(self, i: int, x):
@@ -278,8 +296,16 @@ class StaticTarget:
 class StaticDrafter:
     """The drafter over static context K/V buffers; block K/V are scratch rows just past the context."""
 
-    def __init__(self, drafter: Any, max_len: int, fuse: bool = True, fast_norm: bool = True):
+    def __init__(
+        self,
+        drafter: Any,
+        max_len: int,
+        fuse: bool = True,
+        fast_norm: bool = True,
+        block_attention: str = "sdpa",
+    ):
         self.d = drafter
+        self.attend = BLOCK_ATTENTION[block_attention]
         w = drafter.fc.weight
         self.dtype = w.dtype
         a = drafter.layers[0].self_attn
@@ -346,7 +372,7 @@ class StaticDrafter:
             k, v = self._heads(i, k, v, *rope)
             self.k[i].index_copy_(2, q_pos, k)  # scratch: the next append overwrites these rows
             self.v[i].index_copy_(2, q_pos, v)
-            out = _grouped_sdpa(apply_rotary(q, *rope), self.k[i], self.v[i], masks[kind], a.head_dim**-0.5)
+            out = self.attend(apply_rotary(q, *rope), self.k[i], self.v[i], masks[kind], a.head_dim**-0.5)
             x = x + a.o_proj(out)
             gate, up = self.gate_up[i](self.norm(layer.post_attention_layernorm, x))  # [1, B, F] each
             x = x + layer.mlp.down_proj(layer.mlp.act(gate) * up)

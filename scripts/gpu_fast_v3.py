@@ -34,10 +34,10 @@ import torch.nn.functional as F
 from _repo import say  # scripts/ is on sys.path when run as a script
 
 from dflash_zoo import bench as B
-from dflash_zoo import benchmeta
+from dflash_zoo import benchmeta, kernels
 from dflash_zoo.fast import COMPILE_OPTIONS, FastEngine
 from dflash_zoo.results import GenerationConfig
-from dflash_zoo.static import DECODE_ATTENTION, _group_mask, _grouped_sdpa
+from dflash_zoo.static import BLOCK_ATTENTION, DECODE_ATTENTION, _group_mask, _grouped_sdpa
 from scripts.gpu_fast_variants import NEW, PROMPT, TAU, guarded, median_tok_s, tiny_identity
 
 REPS = 20  # calls per captured graph in the micro-benchmarks
@@ -109,12 +109,26 @@ def attention_row(t: int, size: int) -> dict:
     with torch.inference_mode():
         ref = _grouped_sdpa(q, k, v, gmask, scale)
         row["sdpa_us"] = graph_us(lambda: _grouped_sdpa(q, k, v, gmask, scale))
+        exact = _grouped_sdpa(q.float(), k.float(), v.float(), gmask.float(), scale)
+        row["max_abs_diff_sdpa_vs_fp32"] = (ref.float() - exact).abs().max().item()
         for name in set(DECODE_ATTENTION) - {"sdpa"}:
             fn = compiled(DECODE_ATTENTION[name])
-            row[f"max_abs_diff_{name}_vs_sdpa"] = (fn(q, k, v, gmask, scale) - ref).abs().max().item()
+            row[f"max_abs_diff_{name}_vs_fp32"] = (
+                (fn(q, k, v, gmask, scale).float() - exact).abs().max().item()
+            )
             row[f"{name}_compiled_us"] = graph_us(lambda fn=fn: fn(q, k, v, gmask, scale))
+        split = DECODE_ATTENTION["split"]
+        for per_sm in (1, 2, 4):  # uncompiled: the custom op is opaque to inductor anyway
+            kernels.PROGRAMS_PER_SM = per_sm
+            row[f"split_{per_sm}_per_sm_chunks"] = kernels.chunking(size, 8, _sms())[1]
+            row[f"split_{per_sm}_per_sm_us"] = graph_us(lambda: split(q, k, v, gmask, scale))
+        kernels.PROGRAMS_PER_SM = 2
     say("attention", t, row)
     return row
+
+
+def _sms() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count
 
 
 def attention(size: int) -> dict:
@@ -145,13 +159,12 @@ def profile_ar(sub: B.Subject, eng: FastEngine) -> dict:
     }
 
 
-def engine(sub: B.Subject, attention: str, spec: bool) -> dict:
-    """Compiled (coordinate descent) engine: AR tok/s, and DFlash tok/s at what-if 6.5 when `spec`."""
+def engine(sub: B.Subject, attention: str, spec: bool, block: str = "sdpa", compile: bool = True) -> dict:
+    """Engine (compiled: coordinate descent): AR tok/s, and DFlash tok/s at what-if 6.5 when `spec`."""
     torch.cuda.reset_peak_memory_stats()
     size = PROMPT + NEW + 64
-    eng = FastEngine(
-        sub.adapter, sub.drafter, sub.mask_token_id, size, compile=True, decode_attention=attention
-    )
+    flags = dict(compile=compile, decode_attention=attention, block_attention=block)
+    eng = FastEngine(sub.adapter, sub.drafter, sub.mask_token_id, size, **flags)
     warm = GenerationConfig(max_new_tokens=40)
     eng.autoregressive(sub.prompt, warm)
     res = {"ar_compile_s": eng.compile_seconds}
@@ -166,8 +179,9 @@ def engine(sub: B.Subject, attention: str, spec: bool) -> dict:
         tok_s, runs = median_tok_s(lambda: eng.speculative(sub.prompt, cfg, override))
         res |= {"dflash_tok_s": tok_s, "dflash_ms_per_step": 1e3 * TAU / tok_s, "dflash_runs": runs}
     res["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    res["profile_compiled_ar"] = guarded(profile_ar, sub, eng)
-    say("engine", attention, {k: v for k, v in res.items() if k != "profile_compiled_ar"})
+    if compile:
+        res["profile_compiled_ar"] = guarded(profile_ar, sub, eng)
+    say("engine", attention, block, {k: v for k, v in res.items() if k != "profile_compiled_ar"})
     return res
 
 
@@ -175,12 +189,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="v3.json")
     ap.add_argument("--budget", type=float, default=530)
-    sections = ["micro", "attention", "identity"]  # micro includes attention
+    sections = ["micro", "attention", "uncompiled", "identity"]  # micro includes attention
     ap.add_argument("--sections", nargs="*", default=["micro", "identity"], choices=sections)
     ap.add_argument("--decode", nargs="*", default=["sums", "sdpa"], choices=sorted(DECODE_ATTENTION))
     ap.add_argument(
         "--dflash", choices=sorted(DECODE_ATTENTION), help="engine for the DFlash run (default: fastest AR)"
     )
+    ap.add_argument("--block", default="sdpa", choices=sorted(BLOCK_ATTENTION), help="verify/draft attention")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 identity check compares exact argmaxes
     t0, dev = time.time(), torch.device("cuda")
@@ -204,14 +219,18 @@ def main() -> None:
     if "micro" in args.sections:
         section("profile_uncompiled_ar", profile_ar, sub, plain)
     del plain
+    if "uncompiled" in args.sections:  # the default (uncompiled) engine: SDPA everywhere vs the split kernel
+        for name in ("sdpa", "split"):
+            section(f"uncompiled_{name}", engine, sub, name, True, name, False)
     for name in args.decode:  # autoregressive step only
         section(f"engine_{name}", engine, sub, name, False)
     runs = {n: rec[f"engine_{n}"].get("ar_tok_s", 0) for n in args.decode}
     best = args.dflash or max(runs, key=runs.get)
     rec["dflash_decode_attention"] = best
-    section("engine_with_dflash", engine, sub, best, True)
+    section("engine_with_dflash", engine, sub, best, True, args.block)
     if "identity" in args.sections:
-        section("tiny_fp32_identity", tiny_identity, {"compile": True, "decode_attention": best}, dev)
+        flags = {"compile": True, "decode_attention": best, "block_attention": args.block}
+        section("tiny_fp32_identity", tiny_identity, flags, dev)
     rec["wall_s"] = time.time() - t0
     with open(args.out, "w") as f:
         json.dump(rec, f, indent=1, default=str)

@@ -1,0 +1,137 @@
+"""The Triton split-KV attention (kernels.py): against masked SDPA, and inside the fast path.
+
+On CPU the kernels run under Triton's interpreter (`TRITON_INTERPRET=1`, numpy), which has no bfloat16
+(its bf16 dot returns garbage), so CPU tests use fp32 and fp16; the GPU tests cover bf16.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dflash_zoo import kernels
+from dflash_zoo.fast import FastEngine
+from dflash_zoo.results import GenerationConfig
+from dflash_zoo.static import _group_mask, _grouped_sdpa, _grouped_split
+from tests.test_fast import MASK, _assert_both_paths_equal_ar, _eager, _full_block_steps, _pair, _prompts
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture
+def interpret():
+    """Triton's CPU interpreter (conftest sets TRITON_INTERPRET=1 without CUDA, before triton is imported)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("CUDA present: the GPU tests run the compiled kernel")
+    pytest.importorskip("triton")
+
+
+def _case(kvh, rows, hd, keys, visible, dtype, device="cpu"):
+    """Random q [kvh, rows, hd], k, v [kvh, keys, hd], and an additive mask: row r sees keys < visible - r % 5."""
+    gen = torch.Generator(device).manual_seed(kvh * 1000 + rows + keys)
+    q, k, v = (torch.randn(kvh, n, hd, generator=gen, device=device).to(dtype) for n in (rows, keys, keys))
+    seen = (
+        torch.arange(keys, device=device)[None, :]
+        < (visible - torch.arange(rows, device=device) % 5)[:, None]
+    )
+    bias = torch.zeros(rows, keys, device=device, dtype=dtype).masked_fill_(~seen, float("-inf"))
+    return q, k, v, bias
+
+
+def _reference(q, k, v, bias, scale):
+    f = [x.float() for x in (q, k, v, bias)]
+    return F.scaled_dot_product_attention(*f[:3], attn_mask=f[3], scale=scale)
+
+
+# (kvh, rows, hd, keys, visible): one decode row per head of a 4:1 GQA, a 16-row verify, a non power-of-two
+# head size with a partial last tile, and keys mostly hidden (whole chunks skipped)
+CASES = [(2, 4, 64, 200, 137), (2, 64, 128, 256, 250), (1, 3, 80, 70, 40), (3, 5, 32, 512, 9)]
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_split_attention_equals_masked_sdpa(interpret, case, dtype, tol):
+    q, k, v, bias = _case(*case, dtype)
+    out = kernels.split_kv_attention(q, k, v, bias, 0.125)
+    assert out.dtype == dtype and out.shape == q.shape
+    torch.testing.assert_close(out.float(), _reference(q, k, v, bias, 0.125), atol=tol, rtol=tol)
+    # hidden keys do not count, however large
+    k[:, case[4] :] = 1e4
+    v[:, case[4] :] = -1e4
+    torch.testing.assert_close(out, kernels.split_kv_attention(q, k, v, bias, 0.125))
+
+
+def test_grouped_split_is_grouped_sdpa(interpret):
+    """The static path's wrapper keeps `_grouped_sdpa`'s GQA row order, for one row and for a block."""
+    for t in (1, 6):
+        gen = torch.Generator().manual_seed(t)
+        q, k, v = (torch.randn(1, n, r, 16, generator=gen) for n, r in ((4, t), (2, 96), (2, 96)))
+        gmask = _group_mask(torch.arange(96)[None, :] <= torch.arange(40, 40 + t)[:, None], 2, torch.float32)
+        torch.testing.assert_close(_grouped_split(q, k, v, gmask, 0.3), _grouped_sdpa(q, k, v, gmask, 0.3))
+
+
+@pytest.mark.parametrize("keys, heads, sms", [(1152, 8, 132), (33_000, 8, 132), (70, 1, 8), (64, 64, 132)])
+def test_chunking_covers_every_key_in_whole_tiles(keys, heads, sms):
+    size, n = kernels.chunking(keys, heads, sms)
+    assert size % kernels.TILE == 0 and 1 <= n <= kernels.MAX_CHUNKS
+    assert (n - 1) * size < keys <= n * size  # every key in exactly one chunk, no empty chunk
+    # at least half the wanted programs, unless the keys or MAX_CHUNKS run out first
+    want = kernels.PROGRAMS_PER_SM * sms
+    assert 2 * n * heads >= min(want, kernels.MAX_CHUNKS * heads, -(-keys // kernels.TILE) * heads)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+def test_fast_path_with_split_attention_equals_eager(interpret, model_type):
+    """Decode, verify and draft attention all through the kernel: tokens and drafts as the eager loop (fp32)."""
+    adapter, drafter = _pair(model_type)
+    cfg = GenerationConfig(max_new_tokens=12)
+    eng = FastEngine(
+        adapter, drafter, MASK, max_len=48, graphs=False, decode_attention="split", block_attention="split"
+    )
+    prompt = _prompts(1)[0]
+    eager, fast = _eager(adapter, drafter, prompt, cfg), eng.speculative(prompt, cfg)
+    assert fast.output_ids == eager.output_ids == eng.autoregressive(prompt, cfg).output_ids
+    n = _full_block_steps(eager, cfg.max_new_tokens)
+    assert [s.proposed for s in fast.steps[:n]] == [s.proposed for s in eager.steps[:n]]
+
+
+def test_split_attention_off_cuda_is_refused(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    adapter, drafter = _pair("qwen3")
+    with pytest.raises(ValueError, match="block_attention='split': the Triton attention needs a CUDA device"):
+        FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, block_attention="split")
+    with pytest.raises(ValueError, match="block_attention must be one of"):
+        FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, block_attention="sums")
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("case", CASES + [(8, 4, 128, 1152, 700), (8, 64, 128, 1152, 700)], ids=str)
+def test_split_attention_bf16_on_cuda(case):
+    q, k, v, bias = _case(*case, torch.bfloat16, "cuda")
+    ref = _reference(q, k, v, bias, 0.125)
+    out = kernels.split_kv_attention(q, k, v, bias, 0.125)
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.125)
+    # no further from the fp32 reference than bf16 SDPA is, give or take a bf16 rounding of the output
+    assert (out.float() - ref).abs().max() <= (sdpa.float() - ref).abs().max() + 2**-7
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("compile", [False, True])
+def test_split_attention_graphed_engine_equals_eager_fp32(compile):
+    adapter, drafter = _pair("qwen3", "cuda")
+    eng = FastEngine(
+        adapter,
+        drafter,
+        MASK,
+        64,
+        graphs=True,
+        compile=compile,
+        decode_attention="split",
+        block_attention="split",
+    )
+    _assert_both_paths_equal_ar(eng, adapter, GenerationConfig(max_new_tokens=24), "cuda")
