@@ -59,6 +59,8 @@ class FastEngine:
             `COMPILED_DECODE_ATTENTION` when compiling, else "sdpa" ("sums" and "chunks" are fast only when
             compiled; "split" is the Triton kernel of kernels.py, CUDA only).
         block_attention: attention of the verify and draft steps (`static.BLOCK_ATTENTION`), default "sdpa".
+        gemv: the autoregressive step's o and down projections through the split-K Triton GEMV of
+            kernels.py (CUDA only).
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class FastEngine:
         compile_options: dict[str, Any] | None = None,
         decode_attention: str | None = None,
         block_attention: str = "sdpa",
+        gemv: bool = False,
     ):
         self.device = next(adapter.layers()[0].parameters()).device
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -95,9 +98,13 @@ class FastEngine:
                 raise ValueError(f"{what}_attention must be one of {sorted(table)}, not {name!r}")
             if name == "split" and (why := kernels.available(self.device)):
                 raise ValueError(f"{what}_attention='split': {why}")
-        self.decode_attention, self.block_attention = decode_attention, block_attention
+        if gemv and (why := kernels.available(self.device)):
+            raise ValueError(f"gemv: {why}")
+        self.decode_attention, self.block_attention, self.gemv = decode_attention, block_attention, gemv
         taps = drafter.cfg.target_layer_ids
-        self.target = StaticTarget(adapter, size, taps, fuse, fast_norm, decode_attention, block_attention)
+        self.target = StaticTarget(
+            adapter, size, taps, fuse, fast_norm, decode_attention, block_attention, gemv
+        )
         self.sdraft = StaticDrafter(drafter, size, fuse, fast_norm, block_attention)
         dev, b = self.device, self.block
         self.pos = torch.zeros((), dtype=torch.long, device=dev)  # committed tokens in the target cache

@@ -224,13 +224,16 @@ class StaticTarget:
         fast_norm: bool = True,
         decode_attention: str = "sdpa",
         block_attention: str = "sdpa",
+        gemv: bool = False,
     ):
         self.adapter, self.model = adapter, adapter.model
+        self.gemv = gemv  # one-row o and down projections through `kernels.gemv` (split over K)
         self.decode_attend = DECODE_ATTENTION[decode_attention]  # T = 1 steps only
         self.block_attend = BLOCK_ATTENTION[block_attention]  # verify steps (T > 1)
         self.layers, self.decoder = adapter.layers(), adapter.model.get_decoder()
         text = adapter.text_config
         self.qk_norm = adapter.static_qk_norm
+        self.silu = getattr(text, "hidden_act", None) in ("silu", "swish")  # the kernel's fused down input
         self.kvh, self.hd = text.num_key_value_heads, self.layers[0].self_attn.head_dim
         self.group = text.num_attention_heads // self.kvh
         self.norm = _Norms(text.rms_norm_eps, fast_norm)
@@ -266,13 +269,18 @@ class StaticTarget:
             out = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=attn.scaling)
             return attn.o_proj(out.transpose(1, 2).reshape(1, t, -1))
         attend = self.decode_attend if t == 1 else self.block_attend
-        return attn.o_proj(attend(q, self.k[i], self.v[i], gmask, attn.scaling))
+        out = attend(q, self.k[i], self.v[i], gmask, attn.scaling)  # [1, T, h*hd]
+        if self.gemv and t == 1:
+            return kernels.gemv(out, attn.o_proj.weight, attn.o_proj.bias, None)
+        return attn.o_proj(out)
 
     def _mlp(self, i: int, x):
         mlp = self.layers[i].mlp
         if self.gate_up[i] is None:
             return mlp(x)  # [1, T, H]
         gate, up = self.gate_up[i](x)  # [1, T, F] each
+        if self.gemv and self.silu and x.shape[1] == 1:  # silu(gate) * up computed inside the kernel
+            return kernels.gemv(up, mlp.down_proj.weight, mlp.down_proj.bias, gate)
         return mlp.down_proj(mlp.act_fn(gate) * up)
 
     def forward(self, emb, pos, taps_out=None, prefill: bool = False, last_only: bool = False):

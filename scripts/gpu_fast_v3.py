@@ -97,6 +97,39 @@ def gemv(sub: B.Subject) -> dict:
     return out
 
 
+def split_gemv_row(w: torch.Tensor, gated: bool) -> dict:
+    """One one-row projection: cuBLAS (SiLU and product as their own kernels), inductor, the split-K kernel."""
+    x, gate = (torch.randn(1, 1, w.shape[1], device=w.device, dtype=w.dtype) for _ in range(2))
+    g = gate if gated else None
+
+    def torch_path(x, gate, w):
+        return F.linear(F.silu(gate) * x if gated else x, w)
+
+    fused = compiled(torch_path)
+    row: dict = {"mbytes": w.numel() * w.element_size() / 1e6}
+    with torch.inference_mode():
+        fused(x, gate, w)
+        row["cublas_us"] = graph_us(lambda: torch_path(x, gate, w))
+        row["inductor_us"] = graph_us(lambda: fused(x, gate, w))
+        ref = torch_path(x.float(), gate.float(), w.float())
+        got = kernels.gemv(x, w, None, g)
+        row["split_us"] = graph_us(lambda: kernels.gemv(x, w, None, g))
+        row["split_config"] = kernels._gemv_config(x, w, g)
+        row["max_abs_diff_split_vs_fp32"] = (got.float() - ref).abs().max().item()
+        row["max_abs_diff_cublas_vs_fp32"] = (torch_path(x, gate, w).float() - ref).abs().max().item()
+    for k in ("cublas", "inductor", "split"):
+        row[f"{k}_tb_s"] = row["mbytes"] / row[f"{k}_us"]
+    return row
+
+
+def split_gemv(sub: B.Subject) -> dict:
+    """The one-row down (SiLU input fused) and o projections of the 8B."""
+    attn, mlp = sub.adapter.layers()[0].self_attn, sub.adapter.layers()[0].mlp
+    out = {"down": split_gemv_row(mlp.down_proj.weight, True), "o": split_gemv_row(attn.o_proj.weight, False)}
+    say("split_gemv", out)
+    return out
+
+
 def attention_row(t: int, size: int) -> dict:
     """Per-layer masked attention of the 8B (32 q heads, 8 KV heads, d 128): T query rows over `size` keys."""
     dev, scale = torch.device("cuda"), 128**-0.5
@@ -159,11 +192,13 @@ def profile_ar(sub: B.Subject, eng: FastEngine) -> dict:
     }
 
 
-def engine(sub: B.Subject, attention: str, spec: bool, block: str = "sdpa", compile: bool = True) -> dict:
+def engine(
+    sub: B.Subject, attention: str, spec: bool, block: str = "sdpa", compile: bool = True, gemv: bool = False
+) -> dict:
     """Engine (compiled: coordinate descent): AR tok/s, and DFlash tok/s at what-if 6.5 when `spec`."""
     torch.cuda.reset_peak_memory_stats()
     size = PROMPT + NEW + 64
-    flags = dict(compile=compile, decode_attention=attention, block_attention=block)
+    flags = dict(compile=compile, decode_attention=attention, block_attention=block, gemv=gemv)
     eng = FastEngine(sub.adapter, sub.drafter, sub.mask_token_id, size, **flags)
     warm = GenerationConfig(max_new_tokens=40)
     eng.autoregressive(sub.prompt, warm)
@@ -181,7 +216,7 @@ def engine(sub: B.Subject, attention: str, spec: bool, block: str = "sdpa", comp
     res["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if compile:
         res["profile_compiled_ar"] = guarded(profile_ar, sub, eng)
-    say("engine", attention, block, {k: v for k, v in res.items() if k != "profile_compiled_ar"})
+    say("engine", attention, block, gemv, {k: v for k, v in res.items() if k != "profile_compiled_ar"})
     return res
 
 
@@ -189,13 +224,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="v3.json")
     ap.add_argument("--budget", type=float, default=530)
-    sections = ["micro", "attention", "uncompiled", "identity"]  # micro includes attention
+    sections = ["micro", "attention", "gemv", "uncompiled", "identity"]  # micro includes attention
     ap.add_argument("--sections", nargs="*", default=["micro", "identity"], choices=sections)
     ap.add_argument("--decode", nargs="*", default=["sums", "sdpa"], choices=sorted(DECODE_ATTENTION))
     ap.add_argument(
         "--dflash", choices=sorted(DECODE_ATTENTION), help="engine for the DFlash run (default: fastest AR)"
     )
     ap.add_argument("--block", default="sdpa", choices=sorted(BLOCK_ATTENTION), help="verify/draft attention")
+    ap.add_argument("--gemv", action="store_true", help="split-K kernel for one-row o/down (the DFlash run)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 identity check compares exact argmaxes
     t0, dev = time.time(), torch.device("cuda")
@@ -216,20 +252,23 @@ def main() -> None:
         section("gemv", gemv, sub)
     if {"micro", "attention"} & set(args.sections):
         section("attention", attention, plain.size)
+    if "gemv" in args.sections:
+        section("split_gemv", split_gemv, sub)
     if "micro" in args.sections:
         section("profile_uncompiled_ar", profile_ar, sub, plain)
     del plain
-    if "uncompiled" in args.sections:  # the default (uncompiled) engine: SDPA everywhere vs the split kernel
-        for name in ("sdpa", "split"):
-            section(f"uncompiled_{name}", engine, sub, name, True, name, False)
+    if "uncompiled" in args.sections:  # the default (uncompiled) engine: SDPA everywhere vs the split kernels
+        variants = (("sdpa", "sdpa", False), ("split", "split", False), ("split_gemv", "split", True))
+        for name, attend, split_k in variants:
+            section(f"uncompiled_{name}", engine, sub, attend, True, attend, False, split_k)
     for name in args.decode:  # autoregressive step only
         section(f"engine_{name}", engine, sub, name, False)
     runs = {n: rec[f"engine_{n}"].get("ar_tok_s", 0) for n in args.decode}
     best = args.dflash or max(runs, key=runs.get)
     rec["dflash_decode_attention"] = best
-    section("engine_with_dflash", engine, sub, best, True, args.block)
+    section("engine_with_dflash", engine, sub, best, True, args.block, True, args.gemv)
     if "identity" in args.sections:
-        flags = {"compile": True, "decode_attention": best, "block_attention": args.block}
+        flags = {"compile": True, "decode_attention": best, "block_attention": args.block, "gemv": args.gemv}
         section("tiny_fp32_identity", tiny_identity, flags, dev)
     rec["wall_s"] = time.time() - t0
     with open(args.out, "w") as f:

@@ -83,14 +83,45 @@ def test_chunking_covers_every_key_in_whole_tiles(keys, heads, sms):
     assert 2 * n * heads >= min(want, kernels.MAX_CHUNKS * heads, -(-keys // kernels.TILE) * heads)
 
 
+# (out, in): more rows than any tile, a partial K tile, fewer rows than the smallest tile
+GEMV_SHAPES = [(100, 300), (64, 1000), (6, 40)]
+
+
+@pytest.mark.parametrize("config", kernels.GEMV_CONFIGS, ids=str)
+def test_gemv_equals_linear_for_every_config(interpret, config):
+    """Every tile configuration the CUDA tuner may pick: fp32 W x (+ bias), and W (silu(gate) * x)."""
+    gen = torch.Generator().manual_seed(0)
+    for n, k in GEMV_SHAPES:
+        x, gate = torch.randn(2, 1, 1, k, generator=gen)
+        w, bias = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+        close = dict(atol=1e-4, rtol=1e-4)  # fp32 sums of up to 1,000 terms, in another order than torch's
+        torch.testing.assert_close(
+            kernels._gemv_launch(x, w, bias, None, config), F.linear(x, w, bias), **close
+        )
+        want = F.linear(F.silu(gate) * x, w)
+        torch.testing.assert_close(kernels._gemv_launch(x, w, None, gate, config), want, **close)
+
+
+def test_gemv_rounds_the_fused_input_as_torch_does(interpret):
+    """fp16: silu(gate) * up made inside the kernel is bitwise the input torch makes (each op rounded)."""
+    gen = torch.Generator().manual_seed(1)
+    x, gate = (torch.randn(1, 1, 512, generator=gen).half() for _ in range(2))
+    w = torch.randn(64, 512, generator=gen).half()
+    fused = kernels.gemv(x, w, None, gate)
+    assert torch.equal(fused, kernels.gemv(F.silu(gate) * x, w, None, None))
+    torch.testing.assert_close(
+        fused.float(), F.linear((F.silu(gate) * x).float(), w.float()), atol=0.05, rtol=2e-3
+    )
+
+
 @pytest.mark.parametrize("model_type", ["qwen3", "llama"])
-def test_fast_path_with_split_attention_equals_eager(interpret, model_type):
-    """Decode, verify and draft attention all through the kernel: tokens and drafts as the eager loop (fp32)."""
+def test_fast_path_with_split_kernels_equals_eager(interpret, model_type):
+    """Every attention and the one-row o/down projections through the kernels: tokens and drafts as the eager
+    loop (fp32)."""
     adapter, drafter = _pair(model_type)
     cfg = GenerationConfig(max_new_tokens=12)
-    eng = FastEngine(
-        adapter, drafter, MASK, max_len=48, graphs=False, decode_attention="split", block_attention="split"
-    )
+    flags = dict(decode_attention="split", block_attention="split", gemv=True)
+    eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, **flags)
     prompt = _prompts(1)[0]
     eager, fast = _eager(adapter, drafter, prompt, cfg), eng.speculative(prompt, cfg)
     assert fast.output_ids == eager.output_ids == eng.autoregressive(prompt, cfg).output_ids
@@ -105,6 +136,8 @@ def test_split_attention_off_cuda_is_refused(monkeypatch):
         FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, block_attention="split")
     with pytest.raises(ValueError, match="block_attention must be one of"):
         FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, block_attention="sums")
+    with pytest.raises(ValueError, match="gemv: the Triton attention needs a CUDA device"):
+        FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, gemv=True)
 
 
 @pytest.mark.gpu
