@@ -323,6 +323,8 @@ def _engine_settings(eng: Any) -> dict[str, Any]:
         "compile": eng.compile,
         "compile_options": eng.compile_options if eng.compile else None,
         "decode_attention": eng.decode_attention,
+        "block_attention": eng.block_attention,
+        "gemv": eng.gemv,
     }
 
 

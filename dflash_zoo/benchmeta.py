@@ -162,6 +162,7 @@ def provenance(argv: list[str], device: torch.device) -> dict[str, Any]:
             "transformers": transformers.__version__,
             "dflash_zoo": _version("dflash-zoo"),
             "huggingface_hub": _version("huggingface_hub"),
+            "triton": _version("triton"),  # the fast path's kernels (kernels.py) on CUDA
         },
         "gpu": gpu,
         "host": platform.node(),

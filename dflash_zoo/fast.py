@@ -39,7 +39,8 @@ log = logging.getLogger("dflash_zoo")
 # inductor settings of compiled steps: with coordinate descent tuning, inductor lowers batch-1 matmuls (every
 # GEMV of an autoregressive step) to Triton reductions it tunes, in place of cuBLAS (docs/perf-notes.md, Version 3)
 COMPILE_OPTIONS: dict[str, Any] = {"coordinate_descent_tuning": True}
-# compiled 8B-shape AR step on one H200 host: "chunks" 187 tok/s, "sums" 173; SDPA lost to sums (perf-notes)
+# without the Triton kernels (no triton), compiled 8B-shape AR step on one H200 host: "chunks" 187 tok/s,
+# "sums" 173; SDPA lost to sums (perf-notes)
 COMPILED_DECODE_ATTENTION = "chunks"
 
 
@@ -55,12 +56,13 @@ class FastEngine:
         fast_norm: RMSNorm through `F.rms_norm` (same numerics as HF's formula; fewer kernels).
         compile: `torch.compile` the two step functions (inductor, no dynamic shapes, no inductor cudagraphs:
             graphs are captured here) with `compile_options` (default `COMPILE_OPTIONS`).
-        decode_attention: attention of the autoregressive step (`static.DECODE_ATTENTION`); default:
-            `COMPILED_DECODE_ATTENTION` when compiling, else "sdpa" ("sums" and "chunks" are fast only when
-            compiled; "split" is the Triton kernel of kernels.py, CUDA only).
-        block_attention: attention of the verify and draft steps (`static.BLOCK_ATTENTION`), default "sdpa".
-        gemv: the autoregressive step's o and down projections through the split-K Triton GEMV of
-            kernels.py (CUDA only).
+        decode_attention: attention of the autoregressive step (`static.DECODE_ATTENTION`): "split" is the
+            Triton kernel of kernels.py (CUDA only); "sums" and "chunks" are fast only when compiled.
+        block_attention: attention of the verify and draft steps (`static.BLOCK_ATTENTION`).
+        gemv: the autoregressive step's o and down projections through the split-K Triton GEMV of kernels.py.
+        Defaults of the three: on CUDA with triton, "split", "split" and True (measured fastest compiled and
+        not, perf-notes session 12); otherwise `COMPILED_DECODE_ATTENTION` when compiling, else "sdpa";
+        "sdpa"; False.
     """
 
     def __init__(
@@ -76,8 +78,8 @@ class FastEngine:
         compile: bool = False,  # shadows the builtin in __init__ only: the public name of the flag
         compile_options: dict[str, Any] | None = None,
         decode_attention: str | None = None,
-        block_attention: str = "sdpa",
-        gemv: bool = False,
+        block_attention: str | None = None,
+        gemv: bool | None = None,
     ):
         self.device = next(adapter.layers()[0].parameters()).device
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -88,8 +90,11 @@ class FastEngine:
         self.block = GenerationConfig(block_size=block_size).validated(drafter.cfg.block_size).block_size
         size = -(-(max_len + 2 * self.block) // 64) * 64  # multiple of 64: aligned rows for the masked kernel
         self.max_len, self.size = max_len, size
+        triton_ok = self.device.type == "cuda" and kernels.available(self.device) is None
         if decode_attention is None:
-            decode_attention = COMPILED_DECODE_ATTENTION if compile else "sdpa"
+            decode_attention = "split" if triton_ok else COMPILED_DECODE_ATTENTION if compile else "sdpa"
+        block_attention = block_attention or ("split" if triton_ok else "sdpa")
+        gemv = triton_ok if gemv is None else gemv
         for what, name, table in [
             ("decode", decode_attention, DECODE_ATTENTION),
             ("block", block_attention, BLOCK_ATTENTION),

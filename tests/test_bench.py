@@ -66,6 +66,8 @@ def test_bench_record_schema_and_projection():
         "compile": False,
         "compile_options": None,
         "decode_attention": "sdpa",
+        "block_attention": "sdpa",
+        "gemv": False,
     }
     prov = rec["provenance"]
     assert prov["argv"] == ["test"] and {"torch", "transformers"} <= set(prov["versions"])
