@@ -42,6 +42,7 @@ Environment:
   DFLASH_ZOO_REGISTRY     an extra registry file
   DFLASH_ZOO_DEBUG=1      full tracebacks
   DFLASH_ZOO_VERBOSITY    library log level (DEBUG, INFO, WARNING)
+  DFLASH_ZOO_KERNELS=0    CUDA fast path without our Triton kernels (SDPA / cuBLAS)
   NO_COLOR                no colour
 """
 

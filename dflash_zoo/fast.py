@@ -13,9 +13,9 @@ What differs from the eager loop (`decode.SpeculativeDecoder`), and why:
   context length, the rest are masked and overwritten (no variable shapes).
 - fewer kernels per step (static.py): fused q/k/v and gate/up weights, `F.rms_norm`, and optionally
   `torch.compile` (inductor, no cudagraphs) of the two step functions before capture; compile time is kept
-  apart from capture time and from throughput (`compile_seconds`, `capture_seconds`). Compiled, the
-  autoregressive step's GEMVs are tuned Triton reductions and its attention explicit sums split over key chunks
-  (measured faster).
+  apart from capture time and from throughput (`compile_seconds`, `capture_seconds`). On CUDA with triton, the
+  attention of every step and the one-row o/down projections run our Triton kernels (kernels.py), measured
+  fastest compiled or not; without triton, compiled one-row steps use explicit sums over key chunks.
 Scope: greedy decoding, batch 1, full-attention targets whose adapter sets `static_qk_norm` (dense, or sparse MoE
 blocks whose experts implementation does not sync with the host when graphs are on). Everything else uses decode.py.
 On CPU the same static path runs without graphs; tests compare it token for token with decode.py (fp32).
@@ -24,6 +24,7 @@ On CPU the same static path runs without graphs; tests compare it token for toke
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +43,27 @@ COMPILE_OPTIONS: dict[str, Any] = {"coordinate_descent_tuning": True}
 # without the Triton kernels (no triton), compiled 8B-shape AR step on one H200 host: "chunks" 187 tok/s,
 # "sums" 173; SDPA lost to sums (perf-notes)
 COMPILED_DECODE_ATTENTION = "chunks"
+
+
+def _kernel_choice(device, compile: bool, decode: str | None, block: str | None, gemv: bool | None):
+    """`FastEngine`'s (decode_attention, block_attention, gemv): defaults filled in, then checked.
+
+    `DFLASH_ZOO_KERNELS=0` turns the Triton kernels off by default (an escape hatch; explicit choices stand).
+    """
+    wanted = os.environ.get("DFLASH_ZOO_KERNELS", "1") != "0"
+    triton_ok = wanted and device.type == "cuda" and kernels.available(device) is None
+    if decode is None:
+        decode = "split" if triton_ok else COMPILED_DECODE_ATTENTION if compile else "sdpa"
+    block = block or ("split" if triton_ok else "sdpa")
+    gemv = triton_ok if gemv is None else gemv
+    for what, name, table in [("decode", decode, DECODE_ATTENTION), ("block", block, BLOCK_ATTENTION)]:
+        if name not in table:
+            raise ValueError(f"{what}_attention must be one of {sorted(table)}, not {name!r}")
+        if name == "split" and (why := kernels.available(device)):
+            raise ValueError(f"{what}_attention='split': {why}")
+    if gemv and (why := kernels.available(device)):
+        raise ValueError(f"gemv: {why}")
+    return decode, block, gemv
 
 
 class FastEngine:
@@ -90,27 +112,10 @@ class FastEngine:
         self.block = GenerationConfig(block_size=block_size).validated(drafter.cfg.block_size).block_size
         size = -(-(max_len + 2 * self.block) // 64) * 64  # multiple of 64: aligned rows for the masked kernel
         self.max_len, self.size = max_len, size
-        triton_ok = self.device.type == "cuda" and kernels.available(self.device) is None
-        if decode_attention is None:
-            decode_attention = "split" if triton_ok else COMPILED_DECODE_ATTENTION if compile else "sdpa"
-        block_attention = block_attention or ("split" if triton_ok else "sdpa")
-        gemv = triton_ok if gemv is None else gemv
-        for what, name, table in [
-            ("decode", decode_attention, DECODE_ATTENTION),
-            ("block", block_attention, BLOCK_ATTENTION),
-        ]:
-            if name not in table:
-                raise ValueError(f"{what}_attention must be one of {sorted(table)}, not {name!r}")
-            if name == "split" and (why := kernels.available(self.device)):
-                raise ValueError(f"{what}_attention='split': {why}")
-        if gemv and (why := kernels.available(self.device)):
-            raise ValueError(f"gemv: {why}")
-        self.decode_attention, self.block_attention, self.gemv = decode_attention, block_attention, gemv
-        taps = drafter.cfg.target_layer_ids
-        self.target = StaticTarget(
-            adapter, size, taps, fuse, fast_norm, decode_attention, block_attention, gemv
-        )
-        self.sdraft = StaticDrafter(drafter, size, fuse, fast_norm, block_attention)
+        kinds = _kernel_choice(self.device, compile, decode_attention, block_attention, gemv)
+        self.decode_attention, self.block_attention, self.gemv = kinds
+        self.target = StaticTarget(adapter, size, drafter.cfg.target_layer_ids, fuse, fast_norm, *kinds)
+        self.sdraft = StaticDrafter(drafter, size, fuse, fast_norm, self.block_attention)
         dev, b = self.device, self.block
         self.pos = torch.zeros((), dtype=torch.long, device=dev)  # committed tokens in the target cache
         self.bonus = torch.zeros(1, dtype=torch.long, device=dev)  # last committed token, not yet verified

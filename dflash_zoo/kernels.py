@@ -33,13 +33,13 @@ PROGRAMS_PER_SM = 2  # target (KV head, chunk) programs per SM; tile rounding la
 
 
 def available(device: torch.device) -> str | None:
-    """None when the kernel can run on `device`, else why not."""
+    """None when the kernels can run on `device`, else why not."""
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        return f"the Triton attention needs a CUDA device (got {device.type})"
+        return f"the Triton kernels need a CUDA device (got {device.type})"
     try:
         import triton  # noqa: F401
     except ImportError:
-        return "the Triton attention needs the `triton` package"
+        return "the Triton kernels need the `triton` package"
     return None
 
 
@@ -55,8 +55,13 @@ def chunking(keys: int, heads: int, sms: int) -> tuple[int, int]:
 
 
 @functools.cache
-def _sms(index: int | None) -> int:
-    return torch.cuda.get_device_properties(index or 0).multi_processor_count if index is not None else 8
+def _sms_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sms(t: torch.Tensor) -> int:
+    """SMs of the tensor's GPU (8 under the interpreter: only the chunking depends on it)."""
+    return _sms_of(t.device.index or 0) if t.is_cuda else 8
 
 
 @functools.cache
@@ -166,22 +171,24 @@ def _kernels():
 
 
 @torch.library.custom_op("dflash_zoo::split_kv_attention", mutates_args=())
-def split_kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:  # fmt: skip
+def split_kv_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor:
     """q [kvh, rows, d] (a head's GQA query rows); k, v [kvh, S, d]; bias [rows, S] additive -> [kvh, rows, d]."""
     kvh, rows, hd = q.shape
     keys = k.shape[1]
     q, k, v, bias = q.contiguous(), k.contiguous(), v.contiguous(), bias.contiguous()
     big_r, big_d = _pow2(rows), _pow2(hd)
-    chunk, n_chunks = chunking(keys, kvh, _sms(q.device.index if q.is_cuda else None))
+    chunk, n_chunks = chunking(keys, kvh, _sms(q))
     f32 = dict(device=q.device, dtype=torch.float32)
     pm, pl = torch.empty(kvh, n_chunks, big_r, **f32), torch.empty(kvh, n_chunks, big_r, **f32)
     po = torch.empty(kvh, n_chunks, big_r, big_d, **f32)
     out = torch.empty_like(q)
     partial, merge = _kernels()[:2]
     ieee = q.dtype == torch.float32
-    partial[(kvh, n_chunks)](
-        q, k, v, bias, po, pm, pl, scale, rows, keys, hd, chunk, n_chunks, R=big_r, D=big_d, N=TILE, IEEE=ieee
-    )
+    warps = 4 if big_r * big_d <= 8192 else 8  # e.g. 8:1 GQA x 16-row blocks: a [128, 128] fp32 accumulator
+    meta = dict(R=big_r, D=big_d, N=TILE, IEEE=ieee, num_warps=warps)
+    partial[(kvh, n_chunks)](q, k, v, bias, po, pm, pl, scale, rows, keys, hd, chunk, n_chunks, **meta)
     merge[(kvh, rows)](po, pm, pl, out, rows, hd, n_chunks, R=big_r, D=big_d, C=_pow2(n_chunks, 1))
     return out
 
@@ -205,7 +212,7 @@ def _gemv_launch(x, weight, bias, gate, config) -> torch.Tensor:
     n, k = weight.shape
     bn, bk, per_sm, warps = config
     blocks = -(-n // bn)
-    splits = max(1, min(-(-k // bk), -(-per_sm * _sms(x.device.index if x.is_cuda else None) // blocks)))
+    splits = max(1, min(-(-k // bk), -(-per_sm * _sms(x) // blocks)))
     k_split = bk * -(-k // (splits * bk))
     splits = -(-k // k_split)
     part = torch.empty(splits, n, device=x.device, dtype=torch.float32)
@@ -238,14 +245,15 @@ def _graph_ms(fn, reps: int = 10) -> float:
 def _gemv_config(x, weight, gate) -> tuple[int, int, int, int]:
     """The fastest of GEMV_CONFIGS for this shape, timed once on CUDA (the first one under the interpreter).
 
-    Each timed call follows a write of 256 MB, so that the weight comes from HBM as in a real step, not L2.
+    Each timed call follows a write of 128 MB (over twice an H200's L2), so that the weight comes from HBM as
+    in a real step.
     """
     key = (tuple(weight.shape), weight.dtype, gate is not None, x.device)
     if key in _tuned:
         return _tuned[key]
     if not x.is_cuda or torch.cuda.is_current_stream_capturing():
         return GEMV_CONFIGS[0]  # nothing timed while a graph is captured (steps are warmed before capture)
-    flush = torch.empty(2**26, device=x.device, dtype=torch.float32)
+    flush = torch.empty(2**25, device=x.device, dtype=torch.float32)
     base = _graph_ms(flush.zero_)
     times = {
         c: _graph_ms(lambda c=c: (flush.zero_(), _gemv_launch(x, weight, None, gate, c))) - base
@@ -262,7 +270,9 @@ def gemv(
 ) -> torch.Tensor:
     """One row x [..., K] (all leading sizes 1) -> weight [N, K] @ x (+ bias) [..., N]; with `gate`
     [..., K], the input is silu(gate) * x (a SwiGLU down projection's)."""
-    x = x.contiguous()
+    if x.numel() != x.shape[-1]:
+        raise ValueError(f"gemv takes one row, not {list(x.shape)}")
+    x, weight = x.contiguous(), weight.contiguous()  # no copies for the static path's tensors
     gate = gate.contiguous() if gate is not None else None
     return _gemv_launch(x, weight, bias, gate, _gemv_config(x, weight, gate))
 

@@ -14,6 +14,8 @@ Fewer kernels per layer (each costs ~2.5 us inside a graph, docs/perf-notes.md):
   modules' own weights become views into the fused tensor, so memory does not grow and HF's forward still works;
 - `fast_norm=True`: RMSNorm as `weight * F.rms_norm(x)`: bit-identical to HF's Qwen3/Llama RMSNorm on CPU in
   fp32 and bf16 (the weight multiply stays outside, in the input dtype, as HF does), in 2 kernels instead of ~7.
+- `"split"` attention and `gemv=True`: the Triton kernels of kernels.py (split-KV attention for any step, a
+  split-K GEMV for one-row o and down projections).
 """
 
 from __future__ import annotations
@@ -192,7 +194,8 @@ def _grouped_split(q, k, v, gmask, scale: float) -> torch.Tensor:
 
 # one-row (autoregressive) attention of the static target. At T = 1 the masked SDPA kernel runs one block per
 # KV head (8 blocks on 132 SMs for Qwen3-8B: 28 us a layer on an H200, compiled sums 15.5, flex_attention 37;
-# docs/perf-notes.md, Version 3); "chunks" beat "sums" in the compiled 8B step (187 against 173 tok/s, session 11).
+# docs/perf-notes.md, Version 3); "chunks" beat "sums" in the compiled 8B step (187 against 173 tok/s, session 11);
+# "split" (kernels.py) is 7.4 us alone and the fastest in both engines (session 12).
 DECODE_ATTENTION = {
     "sdpa": _grouped_sdpa,
     "sums": _grouped_sums,

@@ -10,7 +10,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DFLASH_ZOO_VERBOSITY", "ERROR")
 import torch  # noqa: E402
 
-if not torch.cuda.is_available():  # Triton kernels (kernels.py) run in its numpy interpreter; read at its import
+if (
+    not torch.cuda.is_available()
+):  # Triton kernels (kernels.py) run in its numpy interpreter; read at its import
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tests.tiny import tiny_drafter, tiny_target  # noqa: E402

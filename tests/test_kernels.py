@@ -132,12 +132,31 @@ def test_fast_path_with_split_kernels_equals_eager(interpret, model_type):
 def test_split_attention_off_cuda_is_refused(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     adapter, drafter = _pair("qwen3")
-    with pytest.raises(ValueError, match="block_attention='split': the Triton attention needs a CUDA device"):
+    with pytest.raises(ValueError, match="block_attention='split': the Triton kernels need a CUDA device"):
         FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, block_attention="split")
     with pytest.raises(ValueError, match="block_attention must be one of"):
         FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, block_attention="sums")
-    with pytest.raises(ValueError, match="gemv: the Triton attention needs a CUDA device"):
+    with pytest.raises(ValueError, match="gemv: the Triton kernels need a CUDA device"):
         FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, gemv=True)
+
+
+@pytest.mark.parametrize("compile", [False, True])
+def test_kernel_defaults_on_cuda_and_the_escape_hatch(monkeypatch, compile):
+    """On a CUDA device with triton the kernels are the default; DFLASH_ZOO_KERNELS=0 restores the previous
+    paths; explicit choices stand either way; CPU never picks them (no device is touched here)."""
+    pytest.importorskip("triton")
+    from dflash_zoo.fast import COMPILED_DECODE_ATTENTION, _kernel_choice
+
+    cuda = torch.device("cuda")
+    assert _kernel_choice(cuda, compile, None, None, None) == ("split", "split", True)
+    assert _kernel_choice(cuda, compile, "sdpa", "sdpa", False) == ("sdpa", "sdpa", False)
+    monkeypatch.setenv("DFLASH_ZOO_KERNELS", "0")
+    plain = (COMPILED_DECODE_ATTENTION if compile else "sdpa", "sdpa", False)
+    assert _kernel_choice(cuda, compile, None, None, None) == plain
+    assert _kernel_choice(cuda, compile, None, "split", True) == (plain[0], "split", True)
+    monkeypatch.delenv("DFLASH_ZOO_KERNELS")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert _kernel_choice(torch.device("cpu"), compile, None, None, None) == plain
 
 
 @pytest.mark.gpu
