@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from . import benchmeta
+from . import benchmeta, kernels
 from .decode import SpeculativeDecoder, autoregressive_generate
 from .results import GenerationConfig, GenerationResult
 
@@ -325,6 +325,7 @@ def _engine_settings(eng: Any) -> dict[str, Any]:
         "decode_attention": eng.decode_attention,
         "block_attention": eng.block_attention,
         "gemv": eng.gemv,
+        "gemv_configs": kernels.tuned_configs() if eng.gemv else None,  # (rows, K tile, programs/SM, warps)
     }
 
 

@@ -264,6 +264,11 @@ def _gemv_config(x, weight, gate) -> tuple[int, int, int, int]:
     return best
 
 
+def tuned_configs() -> dict[str, list[int]]:
+    """The GEMV configs timed so far, by weight shape ("4096x12288+silu"), for bench records."""
+    return {f"{n}x{k}{'+silu' if silu else ''}": list(c) for ((n, k), _, silu, _), c in _tuned.items()}
+
+
 @torch.library.custom_op("dflash_zoo::gemv", mutates_args=())
 def gemv(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gate: torch.Tensor | None

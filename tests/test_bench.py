@@ -68,6 +68,7 @@ def test_bench_record_schema_and_projection():
         "decode_attention": "sdpa",
         "block_attention": "sdpa",
         "gemv": False,
+        "gemv_configs": None,
     }
     prov = rec["provenance"]
     assert prov["argv"] == ["test"] and {"torch", "transformers"} <= set(prov["versions"])

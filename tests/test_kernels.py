@@ -1,4 +1,5 @@
-"""The Triton split-KV attention (kernels.py): against masked SDPA, and inside the fast path.
+"""The Triton kernels (kernels.py): split-KV attention against masked SDPA, the split-K GEMV against
+`F.linear`, both inside the fast path, and when the engine picks them.
 
 On CPU the kernels run under Triton's interpreter (`TRITON_INTERPRET=1`, numpy), which has no bfloat16
 (its bf16 dot returns garbage), so CPU tests use fp32 and fp16; the GPU tests cover bf16.
@@ -173,17 +174,25 @@ def test_split_attention_bf16_on_cuda(case):
 
 @pytest.mark.gpu
 @CUDA
+def test_gemv_bf16_on_cuda_is_tuned_and_close():
+    """The tuner times every config once per shape; the fused SiLU input is rounded as torch's; the result is
+    as close to fp32 as cuBLAS's bf16 GEMV is."""
+    for n, k in [(4096, 12288), (4096, 4096), (100, 300)]:
+        x, gate = (torch.randn(1, 1, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+        inp = F.silu(gate) * x
+        ref = F.linear(inp.float(), w.float())
+        out = kernels.gemv(x, w, None, gate)
+        config = kernels._tuned[((n, k), torch.bfloat16, True, x.device)]
+        assert torch.equal(out, kernels._gemv_launch(inp, w, None, None, config))  # same tiles, same sums
+        assert (out.float() - ref).abs().max() <= (F.linear(inp, w).float() - ref).abs().max() + 2**-6
+
+
+@pytest.mark.gpu
+@CUDA
 @pytest.mark.parametrize("compile", [False, True])
-def test_split_attention_graphed_engine_equals_eager_fp32(compile):
+def test_split_kernels_graphed_engine_equals_eager_fp32(compile):
     adapter, drafter = _pair("qwen3", "cuda")
-    eng = FastEngine(
-        adapter,
-        drafter,
-        MASK,
-        64,
-        graphs=True,
-        compile=compile,
-        decode_attention="split",
-        block_attention="split",
-    )
+    flags = dict(decode_attention="split", block_attention="split", gemv=True)
+    eng = FastEngine(adapter, drafter, MASK, 64, graphs=True, compile=compile, **flags)
     _assert_both_paths_equal_ar(eng, adapter, GenerationConfig(max_new_tokens=24), "cuda")
