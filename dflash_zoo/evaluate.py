@@ -39,11 +39,20 @@ class EvalResult:
     speedup: float | None = None
     outputs_match_autoregressive: int | None = None
     per_prompt_acceptance: list[float] = field(default_factory=list)
+    # greedy with a baseline: per prompt, the index of the first output token unlike autoregressive (None: same)
+    first_divergence: list[int | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["histogram"] = {str(k): v for k, v in self.histogram.items()}
         return out
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where a and b differ (a length difference counts); None when equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def per_position_acceptance(results: list[GenerationResult], block_size: int) -> list[float]:
@@ -122,9 +131,10 @@ def evaluate(
             res.spec_tokens_per_second / res.ar_tokens_per_second if res.ar_tokens_per_second else None
         )
         if temperature == 0:
-            res.outputs_match_autoregressive = sum(
-                s.output_ids == a.output_ids for s, a in zip(spec, ar, strict=True)
-            )
+            res.first_divergence = [
+                first_difference(s.output_ids, a.output_ids) for s, a in zip(spec, ar, strict=True)
+            ]
+            res.outputs_match_autoregressive = res.first_divergence.count(None)
     return res
 
 

@@ -49,6 +49,7 @@ def test_eval_json_schema(tmp_path):
     assert all(isinstance(k, str) for k in obj["histogram"])
     assert sum(obj["histogram"].values()) == obj["steps"]
     assert obj["outputs_match_autoregressive"] == 2  # greedy speculative decoding is lossless
+    assert obj["first_divergence"] == [None, None]
 
 
 def test_eval_defaults_to_the_embedded_demo_pair(tmp_path):
@@ -102,9 +103,34 @@ def test_eval_explains_outputs_that_differ(capsys, matched, dtype, expected):
     from dflash_zoo.commands.train import _mismatch_hint
     from dflash_zoo.evaluate import EvalResult
 
-    res = EvalResult(3, 16, 0.0, 30, 9, 3.3, {3: 9}, [0.5] * 15, 10.0, outputs_match_autoregressive=matched)
+    where = [None] * matched + [7, 2][: 3 - matched]
+    res = EvalResult(
+        3,
+        16,
+        0.0,
+        30,
+        9,
+        3.3,
+        {3: 9},
+        [0.5] * 15,
+        10.0,
+        outputs_match_autoregressive=matched,
+        first_divergence=where,
+    )
     _mismatch_hint(res, dtype)
     err = capsys.readouterr().err
     assert (expected in err) if expected else err == ""
     if expected:
-        assert f"{3 - matched} of 3 outputs differ" in err
+        first = ", ".join(str(i) for i in sorted(i for i in where if i is not None))
+        assert (
+            f"{3 - matched} of 3 outputs differ from autoregressive decoding (first differing token: {first})"
+            in err
+        )
+
+
+def test_first_difference():
+    from dflash_zoo.evaluate import first_difference
+
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2  # one stopped earlier

@@ -241,6 +241,11 @@ def _mismatch_hint(res, dtype: str) -> None:
     if n is None or n == res.prompts:
         return
     differ = f"{res.prompts - n} of {res.prompts} outputs differ from autoregressive decoding"
+    where = sorted(i for i in res.first_divergence or () if i is not None)
+    if where:
+        differ += (
+            f" (first differing token: {', '.join(map(str, where[:8]))}{', ...' if len(where) > 8 else ''})"
+        )
     if dtype == "float32":
         hint(
             f"{differ} in float32, where they must not: please report it with the output of `dflash-zoo env`"
