@@ -15,6 +15,9 @@ Sections, each guarded and skipped past `--budget` seconds:
    then fp32 token identity on CUDA for tiny qwen3 / llama.
 Second call: `--sections identity --decode flex --dflash flex` (flex_attention was an option then, since
 removed: it measured slower than SDPA at T = 1).
+Session 12 (the Triton kernels of kernels.py; records docs/bench/2026-12-01-h200-split-*.json):
+    --sections attention uncompiled --decode chunks --dflash split --block split --budget 380
+    --sections gemv uncompiled --decode --dflash split --block split --gemv --budget 200
 
 Run (PYTHONPATH=. cannot see the `dflash_zoo.adapters` package-dir mapping, hence the symlink):
     ln -sfn ../adapters dflash_zoo/adapters
@@ -153,15 +156,11 @@ def attention_row(t: int, size: int) -> dict:
         split = DECODE_ATTENTION["split"]
         for per_sm in (1, 2, 4):  # uncompiled: the custom op is opaque to inductor anyway
             kernels.PROGRAMS_PER_SM = per_sm
-            row[f"split_{per_sm}_per_sm_chunks"] = kernels.chunking(size, 8, _sms())[1]
+            row[f"split_{per_sm}_per_sm_chunks"] = kernels.chunking(size, 8, kernels._sms_of(0))[1]
             row[f"split_{per_sm}_per_sm_us"] = graph_us(lambda: split(q, k, v, gmask, scale))
         kernels.PROGRAMS_PER_SM = 2
     say("attention", t, row)
     return row
-
-
-def _sms() -> int:
-    return torch.cuda.get_device_properties(0).multi_processor_count
 
 
 def attention(size: int) -> dict:

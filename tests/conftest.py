@@ -10,9 +10,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DFLASH_ZOO_VERBOSITY", "ERROR")
 import torch  # noqa: E402
 
-if (
-    not torch.cuda.is_available()
-):  # Triton kernels (kernels.py) run in its numpy interpreter; read at its import
+# without CUDA, the Triton kernels (kernels.py) run in triton's numpy interpreter: read when triton is imported
+if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tests.tiny import tiny_drafter, tiny_target  # noqa: E402
