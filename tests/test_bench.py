@@ -106,6 +106,18 @@ def test_bench_cli_writes_the_record(tmp_path, monkeypatch):
     assert rec["provenance"]["argv"][0] == "dflash-zoo"
 
 
+def test_bench_cli_table_names_the_kernels(tmp_path, monkeypatch):
+    """Without --json: the table on stdout; one-off costs and the fast path's kernels on stderr."""
+    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path))
+    args = ["bench", "--shape", "tiny-qwen3", "--prompt-tokens", "6", "--new-tokens", "8", "--warmup", "0"]
+    args += ["--repeats", "1", "--device", "cpu", "--no-graphs", "--no-compile"]
+    result = CliRunner().invoke(cli, args, env={"COLUMNS": "120", "NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    assert "autoregressive" in result.stdout and "dflash" in result.stdout
+    assert "fast: compile 0.0 s, graph capture 0.0 s" in result.stderr
+    assert "fast: attention sdpa (one row) / sdpa (blocks), split-K GEMV off" in result.stderr
+
+
 def test_bench_cli_usage_errors():
     result = CliRunner().invoke(cli, ["bench", "--shape", "nope"])
     assert result.exit_code == 2 and "unknown shape" in result.output

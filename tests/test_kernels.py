@@ -115,7 +115,7 @@ def test_gemv_rounds_the_fused_input_as_torch_does(interpret):
     )
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+@pytest.mark.parametrize("model_type", ["qwen3", "llama", "qwen3_moe"])
 def test_fast_path_with_split_kernels_equals_eager(interpret, model_type):
     """Every attention and the one-row o/down projections through the kernels: tokens and drafts as the eager
     loop (fp32)."""
@@ -128,6 +128,24 @@ def test_fast_path_with_split_kernels_equals_eager(interpret, model_type):
     assert fast.output_ids == eager.output_ids == eng.autoregressive(prompt, cfg).output_ids
     n = _full_block_steps(eager, cfg.max_new_tokens)
     assert [s.proposed for s in fast.steps[:n]] == [s.proposed for s in eager.steps[:n]]
+
+
+def test_custom_ops_trace_under_torch_compile(interpret):
+    """The ops' fake (meta) functions give the shapes the real ones do: `torch.compile` traces both ops in one
+    graph (aot_eager: dynamo, fake tensors and functionalization, then eager kernels) with the same result."""
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, n, r, 16, generator=gen) for n, r in ((4, 1), (2, 64), (2, 64)))
+    gmask = _group_mask(torch.arange(64)[None, :] <= torch.tensor([[30]]), 2, torch.float32)
+    w = torch.randn(24, 64, generator=gen)
+    gate, scale = torch.randn(1, 1, 64, generator=gen), torch.randn(1, 1, 24, generator=gen)
+
+    def step(q, k, v, gmask, w, gate, scale):  # attention [1, 1, 64], a SwiGLU-style down projection to 24
+        out = kernels.gemv(_grouped_split(q, k, v, gmask, 0.25), w, None, gate)
+        return out * scale  # a [1, 1, 24] operand: a wrong fake shape fails the trace
+
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    args = (q, k, v, gmask, w, gate, scale)
+    torch.testing.assert_close(compiled(*args), step(*args))
 
 
 def test_split_attention_off_cuda_is_refused(monkeypatch):

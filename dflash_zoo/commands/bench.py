@@ -146,3 +146,8 @@ def _print_table(record: dict) -> None:
     for path, r in record["results"].items():
         if r.get("capture_seconds") is not None:  # one-off costs, outside tok/s
             info(f"{path}: compile {r['compile_seconds']:.1f} s, graph capture {r['capture_seconds']:.1f} s")
+        if (eng := r.get("engine")) and eng.get("gemv") is not None:  # which kernels the fast path ran
+            info(
+                f"{path}: attention {eng['decode_attention']} (one row) / {eng['block_attention']} (blocks), "
+                f"split-K GEMV {'on' if eng['gemv'] else 'off'}"
+            )

@@ -242,6 +242,7 @@ def env_report() -> dict[str, Any]:
                               "platform": platform.platform()}  # fmt: skip
     report.update(_torch_report())
     report |= {"transformers": ver("transformers"), "huggingface_hub": ver("huggingface_hub")}
+    report["triton"] = ver("triton")  # the CUDA fast path's kernels (dflash_zoo/kernels.py)
     report |= {"hf_home": str(hub.hf_home()), "hf_hub_cache": str(hub.hub_cache_dir()),
                "hf_endpoint": hub.hub_endpoint(), "dflash_zoo_home": _zoo_home(), "offline": hub.is_offline()}  # fmt: skip
     return report
