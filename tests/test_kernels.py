@@ -90,7 +90,7 @@ GEMV_SHAPES = [(100, 300), (64, 1000), (6, 40)]
 
 @pytest.mark.parametrize("config", kernels.GEMV_CONFIGS, ids=str)
 def test_gemv_equals_linear_for_every_config(interpret, config):
-    """Every tile configuration the CUDA tuner may pick: fp32 W x (+ bias), and W (silu(gate) * x)."""
+    """Every tile configuration the CUDA tuner may pick: fp32 W x + b, and W (silu(gate) * x) + b."""
     gen = torch.Generator().manual_seed(0)
     for n, k in GEMV_SHAPES:
         x, gate = torch.randn(2, 1, 1, k, generator=gen)
@@ -99,8 +99,8 @@ def test_gemv_equals_linear_for_every_config(interpret, config):
         torch.testing.assert_close(
             kernels._gemv_launch(x, w, bias, None, config), F.linear(x, w, bias), **close
         )
-        want = F.linear(F.silu(gate) * x, w)
-        torch.testing.assert_close(kernels._gemv_launch(x, w, None, gate, config), want, **close)
+        want = F.linear(F.silu(gate) * x, w, bias)  # e.g. Llama's mlp_bias on the down projection
+        torch.testing.assert_close(kernels._gemv_launch(x, w, bias, gate, config), want, **close)
 
 
 def test_gemv_rounds_the_fused_input_as_torch_does(interpret):
