@@ -50,8 +50,9 @@ def _kernel_choice(device, compile: bool, decode: str | None, block: str | None,
 
     `DFLASH_ZOO_KERNELS=0` turns the Triton kernels off by default (an escape hatch; explicit choices stand).
     """
+    why = kernels.available(device)  # None: the kernels can run here
     wanted = os.environ.get("DFLASH_ZOO_KERNELS", "1") != "0"
-    triton_ok = wanted and device.type == "cuda" and kernels.available(device) is None
+    triton_ok = wanted and device.type == "cuda" and why is None
     if decode is None:
         decode = "split" if triton_ok else COMPILED_DECODE_ATTENTION if compile else "sdpa"
     block = block or ("split" if triton_ok else "sdpa")
@@ -59,9 +60,9 @@ def _kernel_choice(device, compile: bool, decode: str | None, block: str | None,
     for what, name, table in [("decode", decode, DECODE_ATTENTION), ("block", block, BLOCK_ATTENTION)]:
         if name not in table:
             raise ValueError(f"{what}_attention must be one of {sorted(table)}, not {name!r}")
-        if name == "split" and (why := kernels.available(device)):
+        if name == "split" and why:
             raise ValueError(f"{what}_attention='split': {why}")
-    if gemv and (why := kernels.available(device)):
+    if gemv and why:
         raise ValueError(f"gemv: {why}")
     return decode, block, gemv
 

@@ -279,16 +279,15 @@ def apply_placement(model: torch.nn.Module, adapter: Any, plan: PlacementPlan) -
     parts = _parts(model, adapter)
     if len(parts.layers) != len(plan.layer_devices):
         raise ConfigError(f"plan for {len(plan.layer_devices)} layers, target has {len(parts.layers)}")
-    devs = [torch.device(d) for d in plan.devices]
-    stem, head = devs[plan.stem_device], devs[plan.head_device]
-    for m, dev in _planned_modules(parts, plan):
+    stem = torch.device(plan.devices[plan.stem_device])
+    planned = _planned_modules(parts, plan)
+    for m, dev in planned:
         m.to(dev)
     _move_rest(model, set(parts.names.values()), stem)
     if plan.tied and parts.head.weight is not parts.embed.weight:
         parts.head.weight = parts.embed.weight  # a device move that rebuilt the Parameter must not untie them
     memo: dict = {}
-    hooked = [(parts.embed, stem, True), (parts.norm, head, False), (parts.head, head, False)]
-    hooked += [(layer, devs[plan.layer_devices[i]], False) for i, layer in enumerate(parts.layers)]
+    hooked = [(m, dev, m is parts.embed) for m, dev in planned]  # the embedding starts a forward: resets memo
     # the stem's other modules (rotary tables, Gemma's per-layer embeddings) may read the caller's ids too
     own = (parts.layers, parts.norm, parts.embed)
     hooked += [(m, stem, False) for m in parts.parent.children() if not any(m is o for o in own)]
