@@ -288,7 +288,8 @@ def load(
     """Load a target + drafter pair and check that they fit.
 
     Args:
-        target: local dir, Hub id, registry slug, or a loaded transformers model. None: the embedded demo pair.
+        target: local dir, Hub id, registry slug, or a loaded transformers model. None: the embedded demo
+            target (and, without `draft`, its drafter).
         draft: local dir, Hub id or `DFlashDrafter`; None: the registry's drafter for `target`.
         device / dtype: default cuda + bf16 when available, else cpu + fp32.
         device_map: split the target over devices: "auto" (all visible GPUs), "cuda:0,cuda:1" or a list.
@@ -300,8 +301,8 @@ def load(
     torch_dtype = parse_dtype(dtype, devices[0] if devices else device)
     device = "cpu" if devices else device  # a split target is loaded on the CPU first, then placed
     chat_kwargs: dict[str, Any] = {}
-    if target is None and draft is None:
-        target, draft = demo.target_dir(), demo.draft_dir()
+    if target is None:  # the embedded demo target, with its own drafter unless one is given
+        target, draft = demo.target_dir(), demo.draft_dir() if draft is None else draft
     elif isinstance(target, str) and draft is None:
         entry = _registry_entry(target)
         target, draft = entry.target_repo, entry.draft_repo

@@ -62,3 +62,16 @@ def test_build_script_rejects_unknown_hp_key():
     cmd = [sys.executable, "scripts/build_demo_pair.py", "--tiny", "--set", "nope=1"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--set nope=1: unknown key" in proc.stderr
+
+
+@needs_demo
+def test_a_drafter_alone_pairs_with_the_demo_target(tmp_path):
+    """`load(draft=D)` without a target: the embedded demo target with D (not the demo drafter)."""
+    from dflash_zoo.api import load
+    from dflash_zoo.drafter import DFlashDrafter
+
+    shipped = load(device="cpu", dtype="fp32").drafter
+    other = DFlashDrafter(shipped.cfg)  # same shape, fresh random weights
+    pipe = load(draft=other, device="cpu", dtype="fp32")
+    assert pipe.drafter is other
+    assert pipe.model.config.model_type == "qwen3" and pipe.tokenizer is not None
