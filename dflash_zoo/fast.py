@@ -45,8 +45,10 @@ COMPILE_OPTIONS: dict[str, Any] = {"coordinate_descent_tuning": True}
 COMPILED_DECODE_ATTENTION = "chunks"
 
 
-def _kernel_choice(device, compile: bool, decode: str | None, block: str | None, gemv: bool | None):
-    """`FastEngine`'s (decode_attention, block_attention, gemv): defaults filled in, then checked.
+def _kernel_choice(
+    device, compile: bool, decode: str | None, block: str | None, gemv: bool | None, rope: bool | None
+):
+    """`FastEngine`'s (decode_attention, block_attention, gemv, rope): defaults filled in, then checked.
 
     `DFLASH_ZOO_KERNELS=0` turns the Triton kernels off by default (an escape hatch; explicit choices stand).
     """
@@ -57,14 +59,17 @@ def _kernel_choice(device, compile: bool, decode: str | None, block: str | None,
         decode = "split" if triton_ok else COMPILED_DECODE_ATTENTION if compile else "sdpa"
     block = block or ("split" if triton_ok else "sdpa")
     gemv = triton_ok if gemv is None else gemv
+    # compiled, inductor fuses the norms, rotary and writes itself; the kernel was measured uncompiled only
+    rope = triton_ok and not compile if rope is None else rope
     for what, name, table in [("decode", decode, DECODE_ATTENTION), ("block", block, BLOCK_ATTENTION)]:
         if name not in table:
             raise ValueError(f"{what}_attention must be one of {sorted(table)}, not {name!r}")
         if name == "split" and why:
             raise ValueError(f"{what}_attention='split': {why}")
-    if gemv and why:
-        raise ValueError(f"gemv: {why}")
-    return decode, block, gemv
+    for name, on in [("gemv", gemv), ("rope", rope)]:
+        if on and why:
+            raise ValueError(f"{name}: {why}")
+    return decode, block, gemv, rope
 
 
 class FastEngine:
@@ -83,9 +88,10 @@ class FastEngine:
             Triton kernel of kernels.py (CUDA only); "sums" and "chunks" are fast only when compiled.
         block_attention: attention of the verify and draft steps (`static.BLOCK_ATTENTION`).
         gemv: the autoregressive step's o and down projections through the split-K Triton GEMV of kernels.py.
-        Defaults of the three: on CUDA with triton, "split", "split" and True (measured fastest compiled and
-        not, perf-notes session 12); otherwise `COMPILED_DECODE_ATTENTION` when compiling, else "sdpa";
-        "sdpa"; False.
+        rope: every step's q/k norm, rotary and K/V writes through one Triton kernel per layer (kernels.py).
+        Defaults: on CUDA with triton, "split", "split", True (measured fastest compiled and not, perf-notes
+        session 12) and True uncompiled (session 13); otherwise `COMPILED_DECODE_ATTENTION` when compiling,
+        else "sdpa"; "sdpa"; False; False.
     """
 
     def __init__(
@@ -103,6 +109,7 @@ class FastEngine:
         decode_attention: str | None = None,
         block_attention: str | None = None,
         gemv: bool | None = None,
+        rope: bool | None = None,
     ):
         self.device = next(adapter.layers()[0].parameters()).device
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -113,10 +120,10 @@ class FastEngine:
         self.block = GenerationConfig(block_size=block_size).validated(drafter.cfg.block_size).block_size
         size = -(-(max_len + 2 * self.block) // 64) * 64  # multiple of 64: aligned rows for the masked kernel
         self.max_len, self.size = max_len, size
-        kinds = _kernel_choice(self.device, compile, decode_attention, block_attention, gemv)
-        self.decode_attention, self.block_attention, self.gemv = kinds
+        kinds = _kernel_choice(self.device, compile, decode_attention, block_attention, gemv, rope)
+        self.decode_attention, self.block_attention, self.gemv, self.rope = kinds
         self.target = StaticTarget(adapter, size, drafter.cfg.target_layer_ids, fuse, fast_norm, *kinds)
-        self.sdraft = StaticDrafter(drafter, size, fuse, fast_norm, self.block_attention)
+        self.sdraft = StaticDrafter(drafter, size, fuse, fast_norm, self.block_attention, self.rope)
         dev, b = self.device, self.block
         self.pos = torch.zeros((), dtype=torch.long, device=dev)  # committed tokens in the target cache
         self.bonus = torch.zeros(1, dtype=torch.long, device=dev)  # last committed token, not yet verified

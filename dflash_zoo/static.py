@@ -14,8 +14,8 @@ Fewer kernels per layer (each costs ~2.5 us inside a graph, docs/perf-notes.md):
   modules' own weights become views into the fused tensor, so memory does not grow and HF's forward still works;
 - `fast_norm=True`: RMSNorm as `weight * F.rms_norm(x)`: bit-identical to HF's Qwen3/Llama RMSNorm on CPU in
   fp32 and bf16 (the weight multiply stays outside, in the input dtype, as HF does), in 2 kernels instead of ~7.
-- `"split"` attention and `gemv=True`: the Triton kernels of kernels.py (split-KV attention for any step, a
-  split-K GEMV for one-row o and down projections).
+- `"split"` attention, `gemv=True` and `rope=True`: the Triton kernels of kernels.py (split-KV attention for any
+  step, a split-K GEMV for one-row o and down projections, q/k norm + rotary + K/V write in one kernel).
 """
 
 from __future__ import annotations
@@ -117,7 +117,13 @@ class FusedLinear:
         """x [..., in] -> one [..., out_j] per projection (views into one GEMM output when fused)."""
         if self.linears is not None:
             return tuple(m(x) for m in self.linears)
-        return F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+        return self.joint(x).split(self.sizes, dim=-1)
+
+    def joint(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] -> [..., sum(out_j)]: the outputs side by side (one GEMM when fused)."""
+        if self.linears is not None:
+            return torch.cat([m(x) for m in self.linears], dim=-1)
+        return F.linear(x, self.weight, self.bias)
 
 
 class _Norms:
@@ -228,9 +234,11 @@ class StaticTarget:
         decode_attention: str = "sdpa",
         block_attention: str = "sdpa",
         gemv: bool = False,
+        rope: bool = False,
     ):
         self.adapter, self.model = adapter, adapter.model
         self.gemv = gemv  # one-row o and down projections through `kernels.gemv` (split over K)
+        self.rope = rope  # q/k norm + rotary + K/V write through `kernels.rope_store`
         self.decode_attend = DECODE_ATTENTION[decode_attention]  # T = 1 steps only
         self.block_attend = BLOCK_ATTENTION[block_attention]  # verify steps (T > 1)
         self.layers, self.decoder = adapter.layers(), adapter.model.get_decoder()
@@ -256,19 +264,31 @@ class StaticTarget:
         dev = self.k[0].device
         self.key_pos = torch.arange(max_len, device=dev)  # [S]
 
-    def _attn(self, i: int, x, cos, sin, positions, gmask, prefill: bool):
+    def _qkv(self, i: int, x, cos, sin, positions):
+        """x [1, T, H] -> q [1, heads, T, hd] normed and rotated; k (likewise) and v written at `positions`."""
         attn = self.layers[i].self_attn
         t = x.shape[1]
+        if self.rope:
+            w = (attn.q_norm.weight, attn.k_norm.weight) if self.qk_norm else (None, None)
+            k_buf, v_buf, heads = self.k[i][0], self.v[i][0], self.group * self.kvh
+            q = kernels.rope_store(
+                self.qkv[i].joint(x)[0], *w, cos, sin, positions, k_buf, v_buf, heads, self.norm.eps
+            )
+            return q[None]
         q, k, v = (y.view(1, t, -1, self.hd) for y in self.qkv[i](x))  # [1, T, heads or kvh, hd]
         if self.qk_norm:
             q, k = self.norm(attn.q_norm, q), self.norm(attn.k_norm, k)
-        q, k = apply_rotary(q.transpose(1, 2), cos, sin), apply_rotary(k.transpose(1, 2), cos, sin)
-        v = v.transpose(1, 2)  # [1, kvh, T, hd]
-        self.k[i].index_copy_(2, positions, k)
-        self.v[i].index_copy_(2, positions, v)
+        self.k[i].index_copy_(2, positions, apply_rotary(k.transpose(1, 2), cos, sin))
+        self.v[i].index_copy_(2, positions, v.transpose(1, 2))  # [1, kvh, T, hd]
+        return apply_rotary(q.transpose(1, 2), cos, sin)
+
+    def _attn(self, i: int, x, cos, sin, positions, gmask, prefill: bool):
+        attn = self.layers[i].self_attn
+        t = x.shape[1]
+        q = self._qkv(i, x, cos, sin, positions)
         if prefill:  # from position 0: causal flash kernel over the prompt, no mask tensor
-            # K/V heads repeated for the kernel (transient, one layer at a time)
-            kk, vv = k.repeat_interleave(self.group, 1), v.repeat_interleave(self.group, 1)
+            # the prompt's K/V heads from the buffers, repeated for the kernel (transient, one layer at a time)
+            kk, vv = (b[:, :, :t].repeat_interleave(self.group, 1) for b in (self.k[i], self.v[i]))
             out = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=attn.scaling)
             return attn.o_proj(out.transpose(1, 2).reshape(1, t, -1))
         attend = self.decode_attend if t == 1 else self.block_attend
@@ -314,8 +334,9 @@ class StaticDrafter:
         fuse: bool = True,
         fast_norm: bool = True,
         block_attention: str = "sdpa",
+        rope: bool = False,
     ):
-        self.d = drafter
+        self.d, self.rope = drafter, rope  # rope: `kernels.rope_store` as in StaticTarget
         self.attend = BLOCK_ATTENTION[block_attention]
         w = drafter.fc.weight
         self.dtype = w.dtype
@@ -336,12 +357,26 @@ class StaticDrafter:
         self.v = [torch.zeros_like(k) for k in self.k]
         self.key_pos = torch.arange(max_len, device=w.device)
 
-    def _heads(self, i: int, k, v, cos, sin):
-        """k, v [1, T, kvh*hd] -> k_norm + rotary on k; [1, kvh, T, hd] each (as `Attention._kv`)."""
+    def _qkv(self, i: int, x, positions, cos, sin, with_q: bool):
+        """x [1, T, H] -> q [1, heads, T, hd] normed and rotated (None without `with_q`); k (likewise, as
+        `Attention._kv`) and v written into layer i's buffers at `positions`."""
         a = self.d.layers[i].self_attn
-        t = k.shape[1]
+        t, proj = x.shape[1], self.qkv[i] if with_q else self.kv[i]
+        if self.rope:
+            heads, w = a.heads if with_q else 0, (a.q_norm.weight, a.k_norm.weight)
+            q = kernels.rope_store(
+                proj.joint(x)[0], *w, cos, sin, positions, self.k[i][0], self.v[i][0], heads, self.norm.eps
+            )
+            return q[None] if with_q else None
+        *q, k, v = proj(x)  # [1, T, heads*hd] (with_q), [1, T, kvh*hd] x2
         k = self.norm(a.k_norm, k.view(1, t, a.kv_heads, a.head_dim)).transpose(1, 2)
-        return apply_rotary(k, cos, sin), v.view(1, t, a.kv_heads, a.head_dim).transpose(1, 2)
+        self.k[i].index_copy_(2, positions, apply_rotary(k, cos, sin))
+        self.v[i].index_copy_(2, positions, v.view(1, t, a.kv_heads, a.head_dim).transpose(1, 2))
+        if not with_q:
+            return None
+        return apply_rotary(
+            self.norm(a.q_norm, q[0].view(1, t, a.heads, a.head_dim)).transpose(1, 2), cos, sin
+        )
 
     def append(self, feats, pos) -> None:
         """Project context features [1, n, K*H] at positions pos.. into every layer's K/V."""
@@ -350,9 +385,7 @@ class StaticDrafter:
         ctx = self.norm(self.d.hidden_norm, self.d.fc(feats.to(self.dtype)))  # [1, n, H]
         rope = self.d.rotary_emb(positions, self.dtype)
         for i in range(len(self.d.layers)):
-            k, v = self._heads(i, *self.kv[i](ctx), *rope)  # [1, kvh, n, hd]
-            self.k[i].index_copy_(2, positions, k)
-            self.v[i].index_copy_(2, positions, v)
+            self._qkv(i, ctx, positions, *rope, with_q=False)
 
     def _mask(self, attn, q_pos, pos):
         """[B, S]: context keys below pos, plus the block's own keys (causal / windowed per layer)."""
@@ -378,12 +411,9 @@ class StaticDrafter:
             kind = (a.causal, a.window)
             if kind not in masks:
                 masks[kind] = _group_mask(self._mask(a, q_pos, pos), self.group, self.dtype)
-            q, k, v = self.qkv[i](self.norm(layer.input_layernorm, x))  # [1, B, heads*hd], [1, B, kvh*hd] x2
-            q = self.norm(a.q_norm, q.view(1, b, a.heads, a.head_dim)).transpose(1, 2)
-            k, v = self._heads(i, k, v, *rope)
-            self.k[i].index_copy_(2, q_pos, k)  # scratch: the next append overwrites these rows
-            self.v[i].index_copy_(2, q_pos, v)
-            out = self.attend(apply_rotary(q, *rope), self.k[i], self.v[i], masks[kind], a.head_dim**-0.5)
+            h = self.norm(layer.input_layernorm, x)
+            q = self._qkv(i, h, q_pos, *rope, with_q=True)  # [1, heads, B, hd]; K/V rows: scratch for append
+            out = self.attend(q, self.k[i], self.v[i], masks[kind], a.head_dim**-0.5)
             x = x + a.o_proj(out)
             gate, up = self.gate_up[i](self.norm(layer.post_attention_layernorm, x))  # [1, B, F] each
             x = x + layer.mlp.down_proj(layer.mlp.act(gate) * up)

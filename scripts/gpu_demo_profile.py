@@ -25,11 +25,11 @@ from dflash_zoo import api
 from dflash_zoo.evaluate import evaluate, load_prompts
 from dflash_zoo.fast import FastEngine
 
-SETTINGS = {  # name -> (decode_attention, block_attention, gemv)
-    "default": (None, None, None),
-    "split, no gemv": ("split", "split", False),
-    "sdpa": ("sdpa", "sdpa", False),
-    "split decode, sdpa block": ("split", "sdpa", True),
+SETTINGS = {  # name -> (decode_attention, block_attention, gemv, rope)
+    "default": (None, None, None, None),
+    "no-rope": ("split", "split", True, False),  # session 12's default
+    "no-gemv": ("split", "split", False, True),
+    "sdpa": ("sdpa", "sdpa", False, False),  # no Triton kernel at all
 }
 
 
@@ -71,10 +71,10 @@ def kernels_per_step(eng: FastEngine, name: str, n: int = 20) -> dict:
 
 
 def one_setting(pipe, prompts, setting, dtype_name: str) -> dict:
-    decode, block, gemv = setting
+    decode, block, gemv, rope = setting
     pipe._engine = None
-    eng = FastEngine(pipe.adapter, pipe.drafter, pipe.mask_token_id, 2048, None, None, True, True, False, None,
-                     decode, block, gemv)  # fmt: skip
+    eng = FastEngine(pipe.adapter, pipe.drafter, pipe.mask_token_id, 2048, decode_attention=decode,
+                     block_attention=block, gemv=gemv, rope=rope)  # fmt: skip
     pipe._engine = eng  # evaluate() runs through this engine (max_len 2048 covers every prompt)
     t0 = time.perf_counter()
     r = evaluate(pipe, prompts, max_new_tokens=256)
@@ -83,6 +83,7 @@ def one_setting(pipe, prompts, setting, dtype_name: str) -> dict:
         "decode_attention": eng.decode_attention,
         "block_attention": eng.block_attention,
         "gemv": eng.gemv,
+        "rope": eng.rope,
         "eval_seconds": time.perf_counter() - t0,
         "tau": r.mean_acceptance_length,
         "spec_tok_s": r.spec_tokens_per_second,

@@ -1,5 +1,6 @@
 """The Triton kernels (kernels.py): split-KV attention against masked SDPA, the split-K GEMV against
-`F.linear`, both inside the fast path, and when the engine picks them.
+`F.linear`, the fused norm + rotary + K/V write against the torch ops, all inside the fast path, and when the
+engine picks them.
 
 On CPU the kernels run under Triton's interpreter (`TRITON_INTERPRET=1`, numpy), which has no bfloat16
 (its bf16 dot returns garbage), so CPU tests use fp32 and fp16; the GPU tests cover bf16.
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from dflash_zoo import kernels
 from dflash_zoo.fast import FastEngine
 from dflash_zoo.results import GenerationConfig
+from dflash_zoo.rope import apply_rotary
 from dflash_zoo.static import _group_mask, _grouped_sdpa, _grouped_split
 from tests.test_fast import MASK, _assert_both_paths_equal_ar, _eager, _full_block_steps, _pair, _prompts
 
@@ -115,13 +117,78 @@ def test_gemv_rounds_the_fused_input_as_torch_does(interpret):
     )
 
 
+def _rope_reference(qkv, q_w, k_w, cos, sin, positions, k_cache, v_cache, heads, eps):
+    """`rope_store` as the static path's torch ops: norm (weight * rms_norm), rotary, index copies."""
+    t, (kvh, _, hd) = qkv.shape[0], k_cache.shape
+    q, k, v = (x.view(1, t, -1, hd) for x in qkv.split([heads * hd, kvh * hd, kvh * hd], -1))
+    if q_w is not None:
+        q, k = (w * F.rms_norm(x, (hd,), eps=eps) for w, x in ((q_w, q), (k_w, k)))
+    k_cache.index_copy_(1, positions, apply_rotary(k.transpose(1, 2), cos, sin)[0])
+    v_cache.index_copy_(1, positions, v[0].transpose(0, 1))
+    return apply_rotary(q.transpose(1, 2), cos, sin)[0]
+
+
+# (heads, kvh, hd, rotated dims, rows, qk norm): GQA verify rows, one decode row with partial rotary, a drafter
+# context append (k/v only), Llama (no qk norm) with a non power-of-two head size
+ROPE_CASES = [
+    (4, 2, 64, 64, 5, True),
+    (4, 2, 64, 32, 1, True),
+    (0, 2, 64, 64, 3, True),
+    (6, 2, 48, 48, 16, False),
+]
+
+
+def _rope_case(case, dtype, device="cpu"):
+    """Random inputs of `rope_store` for a ROPE_CASES entry: (qkv, q_w, k_w, cos, sin, positions, k, v, heads)."""
+    heads, kvh, hd, rot, t, norm = case
+    gen = torch.Generator().manual_seed(hd + t)
+    qkv = torch.randn(t, (heads + 2 * kvh) * hd, generator=gen)
+    w = [torch.rand(hd, generator=gen) + 0.5 if norm else None for _ in range(2)]
+    angle = torch.rand(t, rot // 2, generator=gen) * 6
+    cos, sin = (torch.cat([f(angle)] * 2, -1) for f in (torch.cos, torch.sin))
+    caches = [torch.randn(kvh, 20, hd, generator=gen) for _ in range(2)]
+    moved = [None if x is None else x.to(device, dtype) for x in (qkv, *w, cos, sin)]
+    positions = torch.randperm(20, generator=gen)[:t].to(device)
+    return (*moved, positions, *(c.to(device, dtype) for c in caches), heads)
+
+
+def _rope_both(args):
+    """(kernel q, kernel caches, reference q, reference caches) for one `_rope_case`."""
+    *head, k, v, heads = args
+    ref_caches = [k.clone(), v.clone()]
+    want = _rope_reference(*head, *ref_caches, heads, 1e-6)
+    return kernels.rope_store(*head, k, v, heads, 1e-6), (k, v), want, ref_caches
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", ROPE_CASES, ids=str)
+def test_rope_store_equals_the_torch_ops(interpret, case, dtype):
+    """fp16: bitwise (each product rounded as torch rounds it); fp32: the norm's sum may differ in the last bit.
+    Only the rows at `positions` of the caches change."""
+    got, caches, want, ref_caches = _rope_both(_rope_case(case, dtype))
+    assert got.shape == (case[0], case[4], case[2]) and got.dtype == dtype
+    if dtype == torch.float16 or not case[5]:
+        assert torch.equal(got, want) and torch.equal(caches[0], ref_caches[0])
+    else:
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=2e-6)
+        torch.testing.assert_close(caches[0], ref_caches[0], atol=2e-6, rtol=2e-6)
+    assert torch.equal(caches[1], ref_caches[1])  # V: copied as it is
+
+
+def test_rope_store_rejects_a_width_that_is_not_its_heads(interpret):
+    caches = [torch.zeros(2, 8, 16) for _ in range(2)]
+    with pytest.raises(ValueError, match=r"qkv width 96 is not \(4 \+ 2 x 2\) x 16"):
+        kernels.rope_store(torch.zeros(1, 96), None, None, torch.ones(1, 16), torch.zeros(1, 16),
+                           torch.zeros(1, dtype=torch.long), *caches, 4, 1e-6)  # fmt: skip
+
+
 @pytest.mark.parametrize("model_type", ["qwen3", "llama", "qwen3_moe"])
 def test_fast_path_with_split_kernels_equals_eager(interpret, model_type):
-    """Every attention and the one-row o/down projections through the kernels: tokens and drafts as the eager
-    loop (fp32)."""
+    """Every attention, the one-row o/down projections, and every q/k norm + rotary + K/V write through the
+    kernels: tokens and drafts as the eager loop (fp32)."""
     adapter, drafter = _pair(model_type)
     cfg = GenerationConfig(max_new_tokens=12)
-    flags = dict(decode_attention="split", block_attention="split", gemv=True)
+    flags = dict(decode_attention="split", block_attention="split", gemv=True, rope=True)
     eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, **flags)
     prompt = _prompts(1)[0]
     eager, fast = _eager(adapter, drafter, prompt, cfg), eng.speculative(prompt, cfg)
@@ -131,21 +198,28 @@ def test_fast_path_with_split_kernels_equals_eager(interpret, model_type):
 
 
 def test_custom_ops_trace_under_torch_compile(interpret):
-    """The ops' fake (meta) functions give the shapes the real ones do: `torch.compile` traces both ops in one
-    graph (aot_eager: dynamo, fake tensors and functionalization, then eager kernels) with the same result."""
+    """The ops' fake (meta) functions give the shapes the real ones do: `torch.compile` traces all three ops in
+    one graph (aot_eager: dynamo, fake tensors and functionalization, then eager kernels) with the same result
+    and the same cache writes."""
     gen = torch.Generator().manual_seed(2)
-    q, k, v = (torch.randn(1, n, r, 16, generator=gen) for n, r in ((4, 1), (2, 64), (2, 64)))
+    qkv = torch.randn(1, (4 + 2 * 2) * 16, generator=gen)
+    k, v = (torch.randn(2, 64, 16, generator=gen) for _ in range(2))
+    cos, sin, pos = torch.ones(1, 16), torch.zeros(1, 16), torch.tensor([30])
     gmask = _group_mask(torch.arange(64)[None, :] <= torch.tensor([[30]]), 2, torch.float32)
     w = torch.randn(24, 64, generator=gen)
     gate, scale = torch.randn(1, 1, 64, generator=gen), torch.randn(1, 1, 24, generator=gen)
 
-    def step(q, k, v, gmask, w, gate, scale):  # attention [1, 1, 64], a SwiGLU-style down projection to 24
-        out = kernels.gemv(_grouped_split(q, k, v, gmask, 0.25), w, None, gate)
+    def step(qkv, k, v, gmask, w, gate, scale):  # attention [1, 1, 64], a SwiGLU-style down projection to 24
+        q = kernels.rope_store(qkv, None, None, cos, sin, pos, k, v, 4, 1e-6)  # [4, 1, 16]; k, v row 30 set
+        out = kernels.gemv(_grouped_split(q[None], k[None], v[None], gmask, 0.25), w, None, gate)
         return out * scale  # a [1, 1, 24] operand: a wrong fake shape fails the trace
 
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
-    args = (q, k, v, gmask, w, gate, scale)
-    torch.testing.assert_close(compiled(*args), step(*args))
+    caches = [(k.clone(), v.clone()) for _ in range(2)]
+    want = step(qkv, *caches[0], gmask, w, gate, scale)
+    torch.testing.assert_close(compiled(qkv, *caches[1], gmask, w, gate, scale), want)
+    assert not torch.equal(caches[0][0], k)  # the write happened, and the same under compile
+    torch.testing.assert_close(caches[1], caches[0])
 
 
 def test_split_attention_off_cuda_is_refused(monkeypatch):
@@ -157,6 +231,8 @@ def test_split_attention_off_cuda_is_refused(monkeypatch):
         FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, block_attention="sums")
     with pytest.raises(ValueError, match="gemv: the Triton kernels need a CUDA device"):
         FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, gemv=True)
+    with pytest.raises(ValueError, match="rope: the Triton kernels need a CUDA device"):
+        FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, rope=True)
 
 
 @pytest.mark.parametrize("compile", [False, True])
@@ -167,15 +243,17 @@ def test_kernel_defaults_on_cuda_and_the_escape_hatch(monkeypatch, compile):
     from dflash_zoo.fast import COMPILED_DECODE_ATTENTION, _kernel_choice
 
     cuda = torch.device("cuda")
-    assert _kernel_choice(cuda, compile, None, None, None) == ("split", "split", True)
-    assert _kernel_choice(cuda, compile, "sdpa", "sdpa", False) == ("sdpa", "sdpa", False)
+    # the rope kernel only uncompiled: compiled, inductor fuses those ops itself
+    assert _kernel_choice(cuda, compile, None, None, None, None) == ("split", "split", True, not compile)
+    assert _kernel_choice(cuda, compile, "sdpa", "sdpa", False, False) == ("sdpa", "sdpa", False, False)
+    assert _kernel_choice(cuda, compile, None, None, None, True)[3]
     monkeypatch.setenv("DFLASH_ZOO_KERNELS", "0")
-    plain = (COMPILED_DECODE_ATTENTION if compile else "sdpa", "sdpa", False)
-    assert _kernel_choice(cuda, compile, None, None, None) == plain
-    assert _kernel_choice(cuda, compile, None, "split", True) == (plain[0], "split", True)
+    plain = (COMPILED_DECODE_ATTENTION if compile else "sdpa", "sdpa", False, False)
+    assert _kernel_choice(cuda, compile, None, None, None, None) == plain
+    assert _kernel_choice(cuda, compile, None, "split", True, True) == (plain[0], "split", True, True)
     monkeypatch.delenv("DFLASH_ZOO_KERNELS")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert _kernel_choice(torch.device("cpu"), compile, None, None, None) == plain
+    assert _kernel_choice(torch.device("cpu"), compile, None, None, None, None) == plain
 
 
 @pytest.mark.gpu
@@ -188,6 +266,23 @@ def test_split_attention_bf16_on_cuda(case):
     sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.125)
     # no further from the fp32 reference than bf16 SDPA is, give or take a bf16 rounding of the output
     assert (out.float() - ref).abs().max() <= (sdpa.float() - ref).abs().max() + 2**-7
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("case", ROPE_CASES + [(32, 8, 128, 128, 16, True)], ids=str)
+def test_rope_store_bf16_on_cuda(case):
+    """bf16 on the GPU: the rotary alone is bitwise torch's; with the norm, whose fp32 sum runs in another
+    order than torch's rms_norm kernel, a rounding or two apart, and rarely (cancellation in the rotary sum
+    keeps the bound absolute)."""
+    got, caches, want, ref_caches = _rope_both(_rope_case(case, torch.bfloat16, "cuda"))
+    assert torch.equal(caches[1], ref_caches[1])
+    for a, b in ((got, want), (caches[0], ref_caches[0])):
+        if not case[5]:
+            assert torch.equal(a, b)
+        else:
+            diff = (a.float() - b.float()).abs()
+            assert (diff <= 2**-6 * (1 + b.float().abs())).all() and (diff > 0).float().mean() < 0.02
 
 
 @pytest.mark.gpu

@@ -149,5 +149,6 @@ def _print_table(record: dict) -> None:
         if (eng := r.get("engine")) and eng.get("gemv") is not None:  # which kernels the fast path ran
             info(
                 f"{path}: attention {eng['decode_attention']} (one row) / {eng['block_attention']} (blocks), "
-                f"split-K GEMV {'on' if eng['gemv'] else 'off'}"
+                f"split-K GEMV {'on' if eng['gemv'] else 'off'}, "
+                f"fused norm + rotary {'on' if eng.get('rope') else 'off'}"
             )
