@@ -18,6 +18,8 @@ removed: it measured slower than SDPA at T = 1).
 Session 12 (the Triton kernels of kernels.py; records docs/bench/2026-12-01-h200-split-*.json):
     --sections attention uncompiled --decode chunks --dflash split --block split --budget 380
     --sections gemv uncompiled --decode --dflash split --block split --gemv --budget 200
+Session 13 (uncompiled only, the fused norm/rotary/K-V write of kernels.rope_store):
+    --sections uncompiled --decode --variants split_gemv split_gemv_rope
 
 Run (PYTHONPATH=. cannot see the `dflash_zoo.adapters` package-dir mapping, hence the symlink):
     ln -sfn ../adapters dflash_zoo/adapters
@@ -192,12 +194,18 @@ def profile_ar(sub: B.Subject, eng: FastEngine) -> dict:
 
 
 def engine(
-    sub: B.Subject, attention: str, spec: bool, block: str = "sdpa", compile: bool = True, gemv: bool = False
+    sub: B.Subject,
+    attention: str,
+    spec: bool,
+    block: str = "sdpa",
+    compile: bool = True,
+    gemv: bool = False,
+    rope: bool = False,
 ) -> dict:
     """Engine (compiled: coordinate descent): AR tok/s, and DFlash tok/s at what-if 6.5 when `spec`."""
     torch.cuda.reset_peak_memory_stats()
     size = PROMPT + NEW + 64
-    flags = dict(compile=compile, decode_attention=attention, block_attention=block, gemv=gemv)
+    flags = dict(compile=compile, decode_attention=attention, block_attention=block, gemv=gemv, rope=rope)
     eng = FastEngine(sub.adapter, sub.drafter, sub.mask_token_id, size, **flags)
     warm = GenerationConfig(max_new_tokens=40)
     eng.autoregressive(sub.prompt, warm)
@@ -231,6 +239,9 @@ def main() -> None:
     )
     ap.add_argument("--block", default="sdpa", choices=sorted(BLOCK_ATTENTION), help="verify/draft attention")
     ap.add_argument("--gemv", action="store_true", help="split-K kernel for one-row o/down (the DFlash run)")
+    ap.add_argument(
+        "--variants", nargs="*", default=["sdpa", "split", "split_gemv"], help="uncompiled engines"
+    )
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 identity check compares exact argmaxes
     t0, dev = time.time(), torch.device("cuda")
@@ -257,11 +268,22 @@ def main() -> None:
         section("profile_uncompiled_ar", profile_ar, sub, plain)
     del plain
     if "uncompiled" in args.sections:  # the default (uncompiled) engine: SDPA everywhere vs the split kernels
-        variants = (("sdpa", "sdpa", False), ("split", "split", False), ("split_gemv", "split", True))
-        for name, attend, split_k in variants:
-            section(f"uncompiled_{name}", engine, sub, attend, True, attend, False, split_k)
+        variants = {
+            "sdpa": ("sdpa", False, False),
+            "split": ("split", False, False),
+            "split_gemv": ("split", True, False),
+            "split_gemv_rope": ("split", True, True),  # session 13: + the fused norm/rotary/K-V write
+        }
+        for name in args.variants:
+            attend, split_k, rope = variants[name]
+            section(f"uncompiled_{name}", engine, sub, attend, True, attend, False, split_k, rope)
     for name in args.decode:  # autoregressive step only
         section(f"engine_{name}", engine, sub, name, False)
+    if not (args.decode or args.dflash):  # no compiled engine asked for
+        rec["wall_s"] = time.time() - t0
+        with open(args.out, "w") as f:
+            json.dump(rec, f, indent=1, default=str)
+        return
     runs = {n: rec[f"engine_{n}"].get("ar_tok_s", 0) for n in args.decode}
     best = args.dflash or max(runs, key=runs.get)
     rec["dflash_decode_attention"] = best
