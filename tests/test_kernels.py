@@ -282,7 +282,7 @@ def test_rope_store_bf16_on_cuda(case):
             assert torch.equal(a, b)
         else:
             diff = (a.float() - b.float()).abs()
-            assert (diff <= 2**-6 * (1 + b.float().abs())).all() and (diff > 0).float().mean() < 0.02
+            assert (diff <= 2**-6 * (1 + b.float().abs())).all() and (diff > 0).sum() <= 0.02 * diff.numel()
 
 
 @pytest.mark.gpu
