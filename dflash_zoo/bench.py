@@ -326,7 +326,7 @@ def _engine_settings(eng: Any) -> dict[str, Any]:
         "block_attention": eng.block_attention,
         "gemv": eng.gemv,
         "gemv_configs": kernels.tuned_configs() if eng.gemv else None,  # (rows, K tile, programs/SM, warps)
-        "rope": eng.rope,
+        "fused_ops": eng.fused_ops,
     }
 
 

@@ -15,7 +15,7 @@ What differs from the eager loop (`decode.SpeculativeDecoder`), and why:
   `torch.compile` (inductor, no cudagraphs) of the two step functions before capture; compile time is kept
   apart from capture time and from throughput (`compile_seconds`, `capture_seconds`). On CUDA with triton, the
   attention of every step and the one-row o/down projections run our Triton kernels (kernels.py), measured
-  fastest compiled or not, and so, uncompiled, do the q/k norms, rotary and K/V writes; without triton,
+  fastest compiled or not, and so, uncompiled, does the elementwise work between GEMMs (fused_ops.py); without triton,
   compiled one-row steps use explicit sums over key chunks.
 Scope: greedy decoding, batch 1, full-attention targets whose adapter sets `static_qk_norm` (dense, or sparse MoE
 blocks whose experts implementation does not sync with the host when graphs are on). Everything else uses decode.py.
@@ -47,9 +47,9 @@ COMPILED_DECODE_ATTENTION = "chunks"
 
 
 def _kernel_choice(
-    device, compile: bool, decode: str | None, block: str | None, gemv: bool | None, rope: bool | None
+    device, compile: bool, decode: str | None, block: str | None, gemv: bool | None, fused: bool | None
 ):
-    """`FastEngine`'s (decode_attention, block_attention, gemv, rope): defaults filled in, then checked.
+    """`FastEngine`'s (decode_attention, block_attention, gemv, fused_ops): defaults filled in, then checked.
 
     `DFLASH_ZOO_KERNELS=0` turns the Triton kernels off by default (an escape hatch; explicit choices stand).
     """
@@ -60,17 +60,17 @@ def _kernel_choice(
         decode = "split" if triton_ok else COMPILED_DECODE_ATTENTION if compile else "sdpa"
     block = block or ("split" if triton_ok else "sdpa")
     gemv = triton_ok if gemv is None else gemv
-    # compiled, inductor fuses the norms, rotary and writes itself; the kernel was measured uncompiled only
-    rope = triton_ok and not compile if rope is None else rope
+    # compiled, inductor fuses those ops itself; the kernels were measured uncompiled only
+    fused = triton_ok and not compile if fused is None else fused
     for what, name, table in [("decode", decode, DECODE_ATTENTION), ("block", block, BLOCK_ATTENTION)]:
         if name not in table:
             raise ValueError(f"{what}_attention must be one of {sorted(table)}, not {name!r}")
         if name == "split" and why:
             raise ValueError(f"{what}_attention='split': {why}")
-    for name, on in [("gemv", gemv), ("rope", rope)]:
+    for name, on in [("gemv", gemv), ("fused_ops", fused)]:
         if on and why:
             raise ValueError(f"{name}: {why}")
-    return decode, block, gemv, rope
+    return decode, block, gemv, fused
 
 
 class FastEngine:
@@ -89,7 +89,8 @@ class FastEngine:
             Triton kernel of kernels.py (CUDA only); "sums" and "chunks" are fast only when compiled.
         block_attention: attention of the verify and draft steps (`static.BLOCK_ATTENTION`).
         gemv: the autoregressive step's o and down projections through the split-K Triton GEMV of kernels.py.
-        rope: every step's q/k norm, rotary and K/V writes through one Triton kernel per layer (kernels.py).
+        fused_ops: the elementwise work between GEMMs (q/k norm + rotary + K/V writes, RMSNorms, SwiGLU
+            products) through the Triton kernels of fused_ops.py.
         Defaults: on CUDA with triton, "split", "split", True (measured fastest compiled and not, perf-notes
         session 12) and True uncompiled (session 13); otherwise `COMPILED_DECODE_ATTENTION` when compiling,
         else "sdpa"; "sdpa"; False; False.
@@ -110,7 +111,7 @@ class FastEngine:
         decode_attention: str | None = None,
         block_attention: str | None = None,
         gemv: bool | None = None,
-        rope: bool | None = None,
+        fused_ops: bool | None = None,
     ):
         self.device = next(adapter.layers()[0].parameters()).device
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -121,10 +122,10 @@ class FastEngine:
         self.block = GenerationConfig(block_size=block_size).validated(drafter.cfg.block_size).block_size
         size = -(-(max_len + 2 * self.block) // 64) * 64  # multiple of 64: aligned rows for the masked kernel
         self.max_len, self.size = max_len, size
-        kinds = _kernel_choice(self.device, compile, decode_attention, block_attention, gemv, rope)
-        self.decode_attention, self.block_attention, self.gemv, self.rope = kinds
+        kinds = _kernel_choice(self.device, compile, decode_attention, block_attention, gemv, fused_ops)
+        self.decode_attention, self.block_attention, self.gemv, self.fused_ops = kinds
         self.target = StaticTarget(adapter, size, drafter.cfg.target_layer_ids, fuse, fast_norm, *kinds)
-        self.sdraft = StaticDrafter(drafter, size, fuse, fast_norm, self.block_attention, self.rope)
+        self.sdraft = StaticDrafter(drafter, size, fuse, fast_norm, self.block_attention, self.fused_ops)
         dev, b = self.device, self.block
         self.pos = torch.zeros((), dtype=torch.long, device=dev)  # committed tokens in the target cache
         self.bonus = torch.zeros(1, dtype=torch.long, device=dev)  # last committed token, not yet verified

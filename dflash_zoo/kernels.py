@@ -1,5 +1,5 @@
-"""Triton kernels for the static path's few-row steps: split-KV attention, a split-K one-row GEMV, and a fused
-q/k RMSNorm + rotary + K/V cache write.
+"""Triton kernels for the static path's few-row steps: split-KV attention and a split-K one-row GEMV
+(the elementwise work between them: fused_ops.py).
 
 Why: at one query row per head (an autoregressive step) the masked SDPA kernel runs one block per KV head: 8
 blocks on an H200's 132 SMs for Qwen3-8B, ~28 us a layer to read ~4.7 MB of K/V (docs/perf-notes.md). Here
@@ -14,13 +14,7 @@ cuBLAS 3.35, against 4.3 for the wide gate/up (perf-notes, Version 3 and session
 HF's `act_fn(gate) * up` for SiLU, computed in the kernel with torch's rounding (each op rounded to the dtype).
 The tile configuration is timed once per shape on CUDA (`_gemv_config`), outside graph capture.
 
-`rope_store`: a layer's q/k/v rows from one fused projection -> q normed and rotated, k normed, rotated and
-written into the K cache, v written into the V cache, in one kernel. Unfused that is ~16 kernels a layer
-(two norms, two weight products, rotate_half's negation, concatenation and three products, two index copies),
-and at several rows the transposed views make them non-vectorised: 389 of a demo DFlash step's 841 us of
-kernel time on an H200 (docs/perf-notes.md, session 13). Each op is rounded to the dtype as torch rounds it.
-
-All are torch custom ops, so `torch.compile` sees one opaque call and CUDA graphs capture the launches. They
+Both are torch custom ops, so `torch.compile` sees one opaque call and CUDA graphs capture the launches. They
 run on CUDA, or anywhere under Triton's interpreter (`TRITON_INTERPRET=1`, CPU tests). Triton is imported on
 first use only.
 """
@@ -292,83 +286,3 @@ def gemv(
 @gemv.register_fake
 def _(x, weight, bias, gate):
     return x.new_empty(*x.shape[:-1], weight.shape[0])
-
-
-@functools.cache
-def _rope_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def rope_store(QKV, QW, KW, Cos, Sin, Pos, Q, K, V, rows, width, keys, heads, kvh, hd, rot, eps,
-                   D: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
-        t, j = tl.program_id(0), tl.program_id(1)  # row; head slot: q heads, then k heads, then v heads
-        d = tl.arange(0, D)
-        dok = d < hd
-        x = tl.load(QKV + t * width + j * hd + d, mask=dok, other=0.0)
-        pos = tl.load(Pos + t)
-        if j >= heads + kvh:  # a V head: stored as it is
-            tl.store(V + ((j - heads - kvh) * keys + pos) * hd + d, x, mask=dok)
-        else:
-            half = rot // 2
-            pd = tl.where(d < half, d + half, d - half)  # rotate_half's partner of each rotated dim
-            xp = tl.load(QKV + t * width + j * hd + pd, mask=dok & (d < rot), other=0.0)
-            xf, xpf = x.to(tl.float32), xp.to(tl.float32)
-            if NORM:  # weight * rms_norm(x): the norm rounded to the dtype, then the weight product
-                r = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / hd + eps)
-                if j < heads:
-                    w = tl.load(QW + d, mask=dok, other=0.0).to(tl.float32)
-                    wp = tl.load(QW + pd, mask=dok, other=0.0).to(tl.float32)
-                else:
-                    w = tl.load(KW + d, mask=dok, other=0.0).to(tl.float32)
-                    wp = tl.load(KW + pd, mask=dok, other=0.0).to(tl.float32)
-                xf = ((xf * r).to(x.dtype).to(tl.float32) * w).to(x.dtype).to(tl.float32)
-                xpf = ((xpf * r).to(x.dtype).to(tl.float32) * wp).to(x.dtype).to(tl.float32)
-            # x * cos + rotate_half(x) * sin, each product rounded; dims past `rot` pass (cos 1, sin 0)
-            c = tl.load(Cos + t * rot + d, mask=d < rot, other=1.0).to(tl.float32)
-            s = tl.load(Sin + t * rot + d, mask=d < rot, other=0.0).to(tl.float32)
-            a = (xf * c).to(x.dtype).to(tl.float32)
-            b = (xpf * s).to(x.dtype).to(tl.float32)
-            y = (a + tl.where(d < half, -b, b)).to(x.dtype)
-            if j < heads:
-                tl.store(Q + (j * rows + t) * hd + d, y, mask=dok)
-            else:
-                tl.store(K + ((j - heads) * keys + pos) * hd + d, y, mask=dok)
-
-    return rope_store
-
-
-@torch.library.custom_op("dflash_zoo::rope_store", mutates_args=("k_cache", "v_cache"))
-def rope_store(
-    qkv: torch.Tensor,
-    q_weight: torch.Tensor | None,
-    k_weight: torch.Tensor | None,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    positions: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    heads: int,
-    eps: float,
-) -> torch.Tensor:
-    """qkv [T, (heads + 2 kvh) * hd]: q, k, v projections side by side (heads 0: k and v only); cos, sin
-    [T, rot]; positions [T]; k_cache, v_cache [kvh, S, hd]. With norm weights [hd] (both or neither), q and k
-    are RMSNorm'd first. Writes k (rotated) and v at `positions`; returns q rotated, [heads, T, hd]."""
-    kvh, keys, hd = k_cache.shape
-    t = qkv.shape[0]
-    if qkv.shape[1] != (heads + 2 * kvh) * hd:
-        raise ValueError(f"qkv width {qkv.shape[1]} is not ({heads} + 2 x {kvh}) x {hd}")
-    qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
-    q = qkv.new_empty(heads, t, hd)
-    norm = q_weight is not None
-    qw, kw = (q_weight, k_weight) if norm else (qkv, qkv)  # unread without NORM
-    _rope_kernel()[(t, heads + 2 * kvh)](
-        qkv, qw, kw, cos, sin, positions, q, k_cache, v_cache, t, qkv.shape[1], keys, heads, kvh, hd,
-        cos.shape[-1], eps, D=_pow2(hd), NORM=norm,
-    )  # fmt: skip
-    return q
-
-
-@rope_store.register_fake
-def _(qkv, q_weight, k_weight, cos, sin, positions, k_cache, v_cache, heads, eps):
-    return qkv.new_empty(heads, qkv.shape[0], k_cache.shape[-1])

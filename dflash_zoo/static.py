@@ -14,8 +14,9 @@ Fewer kernels per layer (each costs ~2.5 us inside a graph, docs/perf-notes.md):
   modules' own weights become views into the fused tensor, so memory does not grow and HF's forward still works;
 - `fast_norm=True`: RMSNorm as `weight * F.rms_norm(x)`: bit-identical to HF's Qwen3/Llama RMSNorm on CPU in
   fp32 and bf16 (the weight multiply stays outside, in the input dtype, as HF does), in 2 kernels instead of ~7.
-- `"split"` attention, `gemv=True` and `rope=True`: the Triton kernels of kernels.py (split-KV attention for any
-  step, a split-K GEMV for one-row o and down projections, q/k norm + rotary + K/V write in one kernel).
+- `"split"` attention and `gemv=True`: the Triton kernels of kernels.py (split-KV attention for any step, a
+  split-K GEMV for one-row o and down projections); `fused_ops=True`: those of fused_ops.py (q/k norm + rotary +
+  K/V write, RMSNorm with its weight, SiLU-gated product: one kernel each).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import kernels
+from . import fused_ops, kernels
 from .results import GenerationConfig
 from .rope import apply_rotary
 
@@ -127,12 +128,15 @@ class FusedLinear:
 
 
 class _Norms:
-    """RMSNorm over HF / drafter norm modules: the module itself, or `weight * F.rms_norm(x)` (same numerics)."""
+    """RMSNorm over HF / drafter norm modules: the module itself, or `weight * F.rms_norm(x)` (same numerics),
+    or that formula in one kernel (`fused_ops.rms_norm`, `kernel`)."""
 
-    def __init__(self, eps: float, fast: bool):
-        self.eps, self.fast = eps, fast
+    def __init__(self, eps: float, fast: bool, kernel: bool = False):
+        self.eps, self.fast, self.kernel = eps, fast, kernel
 
     def __call__(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel and module.weight.dtype == x.dtype:
+            return fused_ops.rms_norm(x, module.weight, self.eps)
         if not self.fast:
             return module(x)
         # HF: weight * (x.float() * rsqrt(mean(x^2) + eps)).to(dtype); rms_norm without a weight returns that
@@ -212,6 +216,11 @@ DECODE_ATTENTION = {
 BLOCK_ATTENTION = {"sdpa": _grouped_sdpa, "split": _grouped_split}
 
 
+def _swiglu(act, gate: torch.Tensor, up: torch.Tensor, kernel: bool) -> torch.Tensor:
+    """act(gate) * up; with `kernel` (act is SiLU), one kernel over the strided halves (`fused_ops.silu_mul`)."""
+    return fused_ops.silu_mul(gate, up) if kernel else act(gate) * up
+
+
 def _group_mask(mask: torch.Tensor, g: int, dtype: torch.dtype) -> torch.Tensor:
     """[T, S] bool -> [1, 1, g*T, S] additive (0 / -inf) in `dtype`: `_grouped_sdpa`'s query rows.
 
@@ -234,20 +243,21 @@ class StaticTarget:
         decode_attention: str = "sdpa",
         block_attention: str = "sdpa",
         gemv: bool = False,
-        rope: bool = False,
+        fused_ops: bool = False,
     ):
         self.adapter, self.model = adapter, adapter.model
         self.gemv = gemv  # one-row o and down projections through `kernels.gemv` (split over K)
-        self.rope = rope  # q/k norm + rotary + K/V write through `kernels.rope_store`
+        self.fused = fused_ops  # norms, q/k rotary + K/V writes and SwiGLU products through fused_ops.py
         self.decode_attend = DECODE_ATTENTION[decode_attention]  # T = 1 steps only
         self.block_attend = BLOCK_ATTENTION[block_attention]  # verify steps (T > 1)
         self.layers, self.decoder = adapter.layers(), adapter.model.get_decoder()
         text = adapter.text_config
         self.qk_norm = adapter.static_qk_norm
-        self.silu = getattr(text, "hidden_act", None) in ("silu", "swish")  # the kernel's fused down input
+        self.silu = getattr(text, "hidden_act", None) in ("silu", "swish")  # the kernels' fused SwiGLU
+        self.swiglu = fused_ops and self.silu  # silu(gate) * up through `fused_ops.silu_mul`
         self.kvh, self.hd = text.num_key_value_heads, self.layers[0].self_attn.head_dim
         self.group = text.num_attention_heads // self.kvh
-        self.norm = _Norms(text.rms_norm_eps, fast_norm)
+        self.norm = _Norms(text.rms_norm_eps, fast_norm, fused_ops)
         self.taps: dict[int, list[int]] = {}  # layer id -> tap slots (ids may repeat)
         for slot, lid in enumerate(tap_ids):
             self.taps.setdefault(lid, []).append(slot)
@@ -268,10 +278,10 @@ class StaticTarget:
         """x [1, T, H] -> q [1, heads, T, hd] normed and rotated; k (likewise) and v written at `positions`."""
         attn = self.layers[i].self_attn
         t = x.shape[1]
-        if self.rope:
+        if self.fused:
             w = (attn.q_norm.weight, attn.k_norm.weight) if self.qk_norm else (None, None)
             k_buf, v_buf, heads = self.k[i][0], self.v[i][0], self.group * self.kvh
-            q = kernels.rope_store(
+            q = fused_ops.rope_store(
                 self.qkv[i].joint(x)[0], *w, cos, sin, positions, k_buf, v_buf, heads, self.norm.eps
             )
             return q[None]
@@ -304,7 +314,7 @@ class StaticTarget:
         gate, up = self.gate_up[i](x)  # [1, T, F] each
         if self.gemv and self.silu and x.shape[1] == 1:  # silu(gate) * up computed inside the kernel
             return kernels.gemv(up, mlp.down_proj.weight, mlp.down_proj.bias, gate)
-        return mlp.down_proj(mlp.act_fn(gate) * up)
+        return mlp.down_proj(_swiglu(mlp.act_fn, gate, up, self.swiglu))
 
     def forward(self, emb, pos, taps_out=None, prefill: bool = False, last_only: bool = False):
         """emb [1, T, H] at positions pos.. (0-d long tensor; prefill: pos is 0); fills taps_out [1, T, K*H]."""
@@ -334,15 +344,16 @@ class StaticDrafter:
         fuse: bool = True,
         fast_norm: bool = True,
         block_attention: str = "sdpa",
-        rope: bool = False,
+        fused_ops: bool = False,
     ):
-        self.d, self.rope = drafter, rope  # rope: `kernels.rope_store` as in StaticTarget
+        self.d, self.fused = drafter, fused_ops  # as in StaticTarget
+        self.swiglu = fused_ops and drafter.cfg.hidden_act == "silu"
         self.attend = BLOCK_ATTENTION[block_attention]
         w = drafter.fc.weight
         self.dtype = w.dtype
         a = drafter.layers[0].self_attn
         self.group = a.heads // a.kv_heads
-        self.norm = _Norms(drafter.cfg.rms_norm_eps, fast_norm)
+        self.norm = _Norms(drafter.cfg.rms_norm_eps, fast_norm, fused_ops)
         attns = [layer.self_attn for layer in drafter.layers]
         self.qkv = [FusedLinear([a.q_proj, a.k_proj, a.v_proj], fuse) for a in attns]
         # k/v alone for the context: once q/k/v are fused, k and v lie back to back, so this is a view
@@ -362,9 +373,9 @@ class StaticDrafter:
         `Attention._kv`) and v written into layer i's buffers at `positions`."""
         a = self.d.layers[i].self_attn
         t, proj = x.shape[1], self.qkv[i] if with_q else self.kv[i]
-        if self.rope:
+        if self.fused:
             heads, w = a.heads if with_q else 0, (a.q_norm.weight, a.k_norm.weight)
-            q = kernels.rope_store(
+            q = fused_ops.rope_store(
                 proj.joint(x)[0], *w, cos, sin, positions, self.k[i][0], self.v[i][0], heads, self.norm.eps
             )
             return q[None] if with_q else None
@@ -416,5 +427,5 @@ class StaticDrafter:
             out = self.attend(q, self.k[i], self.v[i], masks[kind], a.head_dim**-0.5)
             x = x + a.o_proj(out)
             gate, up = self.gate_up[i](self.norm(layer.post_attention_layernorm, x))  # [1, B, F] each
-            x = x + layer.mlp.down_proj(layer.mlp.act(gate) * up)
+            x = x + layer.mlp.down_proj(_swiglu(layer.mlp.act, gate, up, self.swiglu))
         return self.norm(self.d.norm, x)

@@ -25,9 +25,10 @@ from dflash_zoo import api
 from dflash_zoo.evaluate import evaluate, load_prompts
 from dflash_zoo.fast import FastEngine
 
-SETTINGS = {  # name -> (decode_attention, block_attention, gemv, rope)
+SETTINGS = {  # name -> (decode_attention, block_attention, gemv, fused_ops)
     "default": (None, None, None, None),
-    "no-rope": ("split", "split", True, False),  # session 12's default
+    "rope-only": ("split", "split", True, "rope"),  # session 13, call 4: rope_store alone
+    "no-fused": ("split", "split", True, False),  # session 12's default
     "no-gemv": ("split", "split", False, True),
     "sdpa": ("sdpa", "sdpa", False, False),  # no Triton kernel at all
 }
@@ -71,10 +72,13 @@ def kernels_per_step(eng: FastEngine, name: str, n: int = 20) -> dict:
 
 
 def one_setting(pipe, prompts, setting, dtype_name: str) -> dict:
-    decode, block, gemv, rope = setting
+    decode, block, gemv, fused = setting
     pipe._engine = None
     eng = FastEngine(pipe.adapter, pipe.drafter, pipe.mask_token_id, 2048, decode_attention=decode,
-                     block_attention=block, gemv=gemv, rope=rope)  # fmt: skip
+                     block_attention=block, gemv=gemv, fused_ops=bool(fused) if fused is not None else None)  # fmt: skip
+    if fused == "rope":  # rope_store alone (session 13, call 4): the norm and SwiGLU kernels off again
+        for part in (eng.target, eng.sdraft):
+            part.norm.kernel = part.swiglu = False
     pipe._engine = eng  # evaluate() runs through this engine (max_len 2048 covers every prompt)
     t0 = time.perf_counter()
     r = evaluate(pipe, prompts, max_new_tokens=256)
@@ -83,7 +87,7 @@ def one_setting(pipe, prompts, setting, dtype_name: str) -> dict:
         "decode_attention": eng.decode_attention,
         "block_attention": eng.block_attention,
         "gemv": eng.gemv,
-        "rope": eng.rope,
+        "fused_ops": fused if fused == "rope" else eng.fused_ops,
         "eval_seconds": time.perf_counter() - t0,
         "tau": r.mean_acceptance_length,
         "spec_tok_s": r.spec_tokens_per_second,

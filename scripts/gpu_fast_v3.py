@@ -19,7 +19,7 @@ Session 12 (the Triton kernels of kernels.py; records docs/bench/2026-12-01-h200
     --sections attention uncompiled --decode chunks --dflash split --block split --budget 380
     --sections gemv uncompiled --decode --dflash split --block split --gemv --budget 200
 Session 13 (uncompiled only, the fused norm/rotary/K-V write of kernels.rope_store):
-    --sections uncompiled --decode --variants split_gemv split_gemv_rope
+    --sections uncompiled --decode --variants split_gemv split_gemv_fused
 
 Run (PYTHONPATH=. cannot see the `dflash_zoo.adapters` package-dir mapping, hence the symlink):
     ln -sfn ../adapters dflash_zoo/adapters
@@ -200,12 +200,14 @@ def engine(
     block: str = "sdpa",
     compile: bool = True,
     gemv: bool = False,
-    rope: bool = False,
+    fused_ops: bool = False,
 ) -> dict:
     """Engine (compiled: coordinate descent): AR tok/s, and DFlash tok/s at what-if 6.5 when `spec`."""
     torch.cuda.reset_peak_memory_stats()
     size = PROMPT + NEW + 64
-    flags = dict(compile=compile, decode_attention=attention, block_attention=block, gemv=gemv, rope=rope)
+    flags = dict(
+        compile=compile, decode_attention=attention, block_attention=block, gemv=gemv, fused_ops=fused_ops
+    )
     eng = FastEngine(sub.adapter, sub.drafter, sub.mask_token_id, size, **flags)
     warm = GenerationConfig(max_new_tokens=40)
     eng.autoregressive(sub.prompt, warm)
@@ -272,11 +274,11 @@ def main() -> None:
             "sdpa": ("sdpa", False, False),
             "split": ("split", False, False),
             "split_gemv": ("split", True, False),
-            "split_gemv_rope": ("split", True, True),  # session 13: + the fused norm/rotary/K-V write
+            "split_gemv_fused": ("split", True, True),  # session 13: + fused_ops.py (call 4: rope_store only)
         }
         for name in args.variants:
-            attend, split_k, rope = variants[name]
-            section(f"uncompiled_{name}", engine, sub, attend, True, attend, False, split_k, rope)
+            attend, split_k, fused = variants[name]
+            section(f"uncompiled_{name}", engine, sub, attend, True, attend, False, split_k, fused)
     for name in args.decode:  # autoregressive step only
         section(f"engine_{name}", engine, sub, name, False)
     if not (args.decode or args.dflash):  # no compiled engine asked for

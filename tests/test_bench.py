@@ -69,7 +69,7 @@ def test_bench_record_schema_and_projection():
         "block_attention": "sdpa",
         "gemv": False,
         "gemv_configs": None,
-        "rope": False,
+        "fused_ops": False,
     }
     prov = rec["provenance"]
     assert prov["argv"] == ["test"] and {"torch", "transformers"} <= set(prov["versions"])

@@ -1,6 +1,6 @@
-"""The Triton kernels (kernels.py): split-KV attention against masked SDPA, the split-K GEMV against
-`F.linear`, the fused norm + rotary + K/V write against the torch ops, all inside the fast path, and when the
-engine picks them.
+"""The Triton kernels (kernels.py, fused_ops.py): split-KV attention against masked SDPA, the split-K GEMV
+against `F.linear`, the fused norm + rotary + K/V write, RMSNorm and SwiGLU against the torch ops, all inside
+the fast path, and when the engine picks them.
 
 On CPU the kernels run under Triton's interpreter (`TRITON_INTERPRET=1`, numpy), which has no bfloat16
 (its bf16 dot returns garbage), so CPU tests use fp32 and fp16; the GPU tests cover bf16.
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dflash_zoo import kernels
+from dflash_zoo import fused_ops, kernels
 from dflash_zoo.fast import FastEngine
 from dflash_zoo.results import GenerationConfig
 from dflash_zoo.rope import apply_rotary
@@ -157,7 +157,7 @@ def _rope_both(args):
     *head, k, v, heads = args
     ref_caches = [k.clone(), v.clone()]
     want = _rope_reference(*head, *ref_caches, heads, 1e-6)
-    return kernels.rope_store(*head, k, v, heads, 1e-6), (k, v), want, ref_caches
+    return fused_ops.rope_store(*head, k, v, heads, 1e-6), (k, v), want, ref_caches
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -178,17 +178,44 @@ def test_rope_store_equals_the_torch_ops(interpret, case, dtype):
 def test_rope_store_rejects_a_width_that_is_not_its_heads(interpret):
     caches = [torch.zeros(2, 8, 16) for _ in range(2)]
     with pytest.raises(ValueError, match=r"qkv width 96 is not \(4 \+ 2 x 2\) x 16"):
-        kernels.rope_store(torch.zeros(1, 96), None, None, torch.ones(1, 16), torch.zeros(1, 16),
+        fused_ops.rope_store(torch.zeros(1, 96), None, None, torch.ones(1, 16), torch.zeros(1, 16),
                            torch.zeros(1, dtype=torch.long), *caches, 4, 1e-6)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rms_norm_kernel_equals_the_static_formula(interpret, dtype):
+    """weight * rms_norm(x), the norm rounded before the weight product; rows of 256 and of 100 (a partial
+    tile). The fp32 sum, added in another order than torch's, may move a value by one rounding (rarely, in
+    fp16)."""
+    gen = torch.Generator().manual_seed(3)
+    for n in (256, 100):
+        x = (torch.randn(2, 5, n, generator=gen) * 3).to(dtype)
+        w = (torch.rand(n, generator=gen) + 0.5).to(dtype)
+        want, got = w * F.rms_norm(x, (n,), eps=1e-6), fused_ops.rms_norm(x, w, 1e-6)
+        assert got.shape == x.shape and got.dtype == dtype
+        tol = 1e-6 if dtype == torch.float32 else 2e-3
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+        if dtype == torch.float16:
+            assert (got != want).sum() <= 0.01 * want.numel()
+
+
+def test_silu_mul_kernel_is_torch_on_strided_halves(interpret):
+    """fp16, the two halves of one [rows, 2F] projection (strided rows): bitwise silu(gate) * up, rounded as
+    torch rounds each op; F = 1,500 spans two column blocks."""
+    gen = torch.Generator().manual_seed(4)
+    for f in (64, 1500):
+        gate, up = (torch.randn(1, 3, 2 * f, generator=gen) * 4).half().split(f, dim=-1)
+        got = fused_ops.silu_mul(gate, up)
+        assert got.shape == (1, 3, f) and torch.equal(got, F.silu(gate) * up)
 
 
 @pytest.mark.parametrize("model_type", ["qwen3", "llama", "qwen3_moe"])
 def test_fast_path_with_split_kernels_equals_eager(interpret, model_type):
-    """Every attention, the one-row o/down projections, and every q/k norm + rotary + K/V write through the
-    kernels: tokens and drafts as the eager loop (fp32)."""
+    """Every attention, the one-row o/down projections, and the elementwise work between GEMMs (norms, rotary,
+    K/V writes, SwiGLU) through the kernels: tokens and drafts as the eager loop (fp32)."""
     adapter, drafter = _pair(model_type)
     cfg = GenerationConfig(max_new_tokens=12)
-    flags = dict(decode_attention="split", block_attention="split", gemv=True, rope=True)
+    flags = dict(decode_attention="split", block_attention="split", gemv=True, fused_ops=True)
     eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, **flags)
     prompt = _prompts(1)[0]
     eager, fast = _eager(adapter, drafter, prompt, cfg), eng.speculative(prompt, cfg)
@@ -198,7 +225,7 @@ def test_fast_path_with_split_kernels_equals_eager(interpret, model_type):
 
 
 def test_custom_ops_trace_under_torch_compile(interpret):
-    """The ops' fake (meta) functions give the shapes the real ones do: `torch.compile` traces all three ops in
+    """The ops' fake (meta) functions give the shapes the real ones do: `torch.compile` traces all five ops in
     one graph (aot_eager: dynamo, fake tensors and functionalization, then eager kernels) with the same result
     and the same cache writes."""
     gen = torch.Generator().manual_seed(2)
@@ -210,8 +237,9 @@ def test_custom_ops_trace_under_torch_compile(interpret):
     gate, scale = torch.randn(1, 1, 64, generator=gen), torch.randn(1, 1, 24, generator=gen)
 
     def step(qkv, k, v, gmask, w, gate, scale):  # attention [1, 1, 64], a SwiGLU-style down projection to 24
-        q = kernels.rope_store(qkv, None, None, cos, sin, pos, k, v, 4, 1e-6)  # [4, 1, 16]; k, v row 30 set
-        out = kernels.gemv(_grouped_split(q[None], k[None], v[None], gmask, 0.25), w, None, gate)
+        q = fused_ops.rope_store(qkv, None, None, cos, sin, pos, k, v, 4, 1e-6)  # [4, 1, 16]; k, v row 30 set
+        att = fused_ops.rms_norm(_grouped_split(q[None], k[None], v[None], gmask, 0.25), w[0], 1e-6)
+        out = kernels.gemv(att, w, None, fused_ops.silu_mul(gate, att))
         return out * scale  # a [1, 1, 24] operand: a wrong fake shape fails the trace
 
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
@@ -231,8 +259,8 @@ def test_split_attention_off_cuda_is_refused(monkeypatch):
         FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, block_attention="sums")
     with pytest.raises(ValueError, match="gemv: the Triton kernels need a CUDA device"):
         FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, gemv=True)
-    with pytest.raises(ValueError, match="rope: the Triton kernels need a CUDA device"):
-        FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, rope=True)
+    with pytest.raises(ValueError, match="fused_ops: the Triton kernels need a CUDA device"):
+        FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, fused_ops=True)
 
 
 @pytest.mark.parametrize("compile", [False, True])
@@ -243,7 +271,7 @@ def test_kernel_defaults_on_cuda_and_the_escape_hatch(monkeypatch, compile):
     from dflash_zoo.fast import COMPILED_DECODE_ATTENTION, _kernel_choice
 
     cuda = torch.device("cuda")
-    # the rope kernel only uncompiled: compiled, inductor fuses those ops itself
+    # fused_ops only uncompiled: compiled, inductor fuses those ops itself
     assert _kernel_choice(cuda, compile, None, None, None, None) == ("split", "split", True, not compile)
     assert _kernel_choice(cuda, compile, "sdpa", "sdpa", False, False) == ("sdpa", "sdpa", False, False)
     assert _kernel_choice(cuda, compile, None, None, None, True)[3]
@@ -283,6 +311,24 @@ def test_rope_store_bf16_on_cuda(case):
         else:
             diff = (a.float() - b.float()).abs()
             assert (diff <= 2**-6 * (1 + b.float().abs())).all() and (diff > 0).sum() <= 0.02 * diff.numel()
+
+
+@pytest.mark.gpu
+@CUDA
+def test_rms_norm_and_silu_mul_bf16_on_cuda():
+    """bf16 on the GPU, against the torch ops they replace: a value may move by one rounding, rarely (the norm's
+    fp32 sum order; Triton's exp in SiLU)."""
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.randn(16, 4096, generator=gen) * 3).to("cuda", torch.bfloat16)
+    w = (torch.rand(4096, generator=gen) + 0.5).to("cuda", torch.bfloat16)
+    gate, up = (torch.randn(16, 2 * 12288, generator=gen) * 4).to("cuda", torch.bfloat16).split(12288, dim=-1)
+    pairs = [
+        (fused_ops.rms_norm(x, w, 1e-6), w * F.rms_norm(x, (4096,), eps=1e-6)),
+        (fused_ops.silu_mul(gate, up), F.silu(gate) * up),
+    ]
+    for got, want in pairs:
+        diff = (got.float() - want.float()).abs()
+        assert (diff <= 2**-7 * want.float().abs() + 1e-6).all() and (diff > 0).sum() <= 0.01 * diff.numel()
 
 
 @pytest.mark.gpu

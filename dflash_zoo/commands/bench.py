@@ -150,5 +150,5 @@ def _print_table(record: dict) -> None:
             info(
                 f"{path}: attention {eng['decode_attention']} (one row) / {eng['block_attention']} (blocks), "
                 f"split-K GEMV {'on' if eng['gemv'] else 'off'}, "
-                f"fused norm + rotary {'on' if eng.get('rope') else 'off'}"
+                f"fused elementwise kernels {'on' if eng.get('fused_ops') else 'off'}"
             )

@@ -1,0 +1,160 @@
+"""Triton kernels for the elementwise work between a step's GEMMs (`FastEngine(fused_ops=True)`).
+
+Why: in a CUDA-graphed step every kernel costs ~2 us whatever it does, and at several rows (a 16-row verify or
+draft) the views out of a fused projection are strided, so torch runs the small ops through its generic,
+non-vectorised path. Profiled on the demo pair on an H200 (docs/perf-notes.md, session 13), 193 such kernels
+took 389 of a DFlash step's 841 us of kernel time. Three kernels take their place:
+- `rope_store`: a layer's q/k/v rows from one fused projection -> q RMSNorm'd and rotated; k the same and
+  written into the K cache; v written into the V cache (~16 kernels a layer: two norms, two weight products,
+  rotate_half's negation and concatenation, three products, a sum, two index copies);
+- `rms_norm`: `weight * rms_norm(x)` (torch's norm kernel plus a broadcast product);
+- `silu_mul`: `silu(gate) * up` over the strided halves of a fused gate/up projection.
+Each op is rounded to the dtype where torch rounds it (the norm to the dtype, then the weight product; each
+rotary product, then their sum; SiLU, then the product), so in fp16 they equal the torch ops bitwise except
+where a norm's fp32 sum, added in another order, differs in its last bit.
+
+Torch custom ops (opaque to `torch.compile`, captured by CUDA graphs), on CUDA or under Triton's interpreter
+(`TRITON_INTERPRET=1`, CPU tests); triton is imported on first use only.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .kernels import _pow2
+
+
+@functools.cache
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def rope_store(QKV, QW, KW, Cos, Sin, Pos, Q, K, V, rows, width, keys, heads, kvh, hd, rot, eps,
+                   D: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
+        t, j = tl.program_id(0), tl.program_id(1)  # row; head slot: q heads, then k heads, then v heads
+        d = tl.arange(0, D)
+        dok = d < hd
+        x = tl.load(QKV + t * width + j * hd + d, mask=dok, other=0.0)
+        pos = tl.load(Pos + t)
+        if j >= heads + kvh:  # a V head: stored as it is
+            tl.store(V + ((j - heads - kvh) * keys + pos) * hd + d, x, mask=dok)
+        else:
+            half = rot // 2
+            pd = tl.where(d < half, d + half, d - half)  # rotate_half's partner of each rotated dim
+            xp = tl.load(QKV + t * width + j * hd + pd, mask=dok & (d < rot), other=0.0)
+            xf, xpf = x.to(tl.float32), xp.to(tl.float32)
+            if NORM:  # weight * rms_norm(x): the norm rounded to the dtype, then the weight product
+                r = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / hd + eps)
+                if j < heads:
+                    w = tl.load(QW + d, mask=dok, other=0.0).to(tl.float32)
+                    wp = tl.load(QW + pd, mask=dok, other=0.0).to(tl.float32)
+                else:
+                    w = tl.load(KW + d, mask=dok, other=0.0).to(tl.float32)
+                    wp = tl.load(KW + pd, mask=dok, other=0.0).to(tl.float32)
+                xf = ((xf * r).to(x.dtype).to(tl.float32) * w).to(x.dtype).to(tl.float32)
+                xpf = ((xpf * r).to(x.dtype).to(tl.float32) * wp).to(x.dtype).to(tl.float32)
+            # x * cos + rotate_half(x) * sin, each product rounded; dims past `rot` pass (cos 1, sin 0)
+            c = tl.load(Cos + t * rot + d, mask=d < rot, other=1.0).to(tl.float32)
+            s = tl.load(Sin + t * rot + d, mask=d < rot, other=0.0).to(tl.float32)
+            a = (xf * c).to(x.dtype).to(tl.float32)
+            b = (xpf * s).to(x.dtype).to(tl.float32)
+            y = (a + tl.where(d < half, -b, b)).to(x.dtype)
+            if j < heads:
+                tl.store(Q + (j * rows + t) * hd + d, y, mask=dok)
+            else:
+                tl.store(K + ((j - heads) * keys + pos) * hd + d, y, mask=dok)
+
+    @triton.jit
+    def rms_norm(X, W, Y, n, eps, D: tl.constexpr):
+        row, d = tl.program_id(0), tl.arange(0, D)
+        ok = d < n
+        x = tl.load(X + row * n + d, mask=ok, other=0.0)
+        xf = x.to(tl.float32)
+        r = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / n + eps)
+        w = tl.load(W + d, mask=ok, other=0.0).to(tl.float32)
+        tl.store(Y + row * n + d, ((xf * r).to(x.dtype).to(tl.float32) * w).to(x.dtype), mask=ok)
+
+    @triton.jit
+    def silu_mul(G, U, Y, n, g_stride, u_stride, BLOCK: tl.constexpr):
+        row, cols = tl.program_id(0), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = cols < n
+        g = tl.load(G + row * g_stride + cols, mask=ok, other=0.0)
+        u = tl.load(U + row * u_stride + cols, mask=ok, other=0.0)
+        gf = g.to(tl.float32)
+        a = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)  # silu, rounded as torch's
+        tl.store(Y + row * n + cols, (a.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=ok)
+
+    return rope_store, rms_norm, silu_mul
+
+
+@torch.library.custom_op("dflash_zoo::rope_store", mutates_args=("k_cache", "v_cache"))
+def rope_store(
+    qkv: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    heads: int,
+    eps: float,
+) -> torch.Tensor:
+    """qkv [T, (heads + 2 kvh) * hd]: q, k, v projections side by side (heads 0: k and v only); cos, sin
+    [T, rot]; positions [T]; k_cache, v_cache [kvh, S, hd]. With norm weights [hd] (both or neither), q and k
+    are RMSNorm'd first. Writes k (rotated) and v at `positions`; returns q rotated, [heads, T, hd]."""
+    kvh, keys, hd = k_cache.shape
+    t = qkv.shape[0]
+    if qkv.shape[1] != (heads + 2 * kvh) * hd:
+        raise ValueError(f"qkv width {qkv.shape[1]} is not ({heads} + 2 x {kvh}) x {hd}")
+    qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
+    q = qkv.new_empty(heads, t, hd)
+    norm = q_weight is not None
+    qw, kw = (q_weight, k_weight) if norm else (qkv, qkv)  # unread without NORM
+    _kernels()[0][(t, heads + 2 * kvh)](
+        qkv, qw, kw, cos, sin, positions, q, k_cache, v_cache, t, qkv.shape[1], keys, heads, kvh, hd,
+        cos.shape[-1], eps, D=_pow2(hd), NORM=norm,
+    )  # fmt: skip
+    return q
+
+
+@rope_store.register_fake
+def _(qkv, q_weight, k_weight, cos, sin, positions, k_cache, v_cache, heads, eps):
+    return qkv.new_empty(heads, qkv.shape[0], k_cache.shape[-1])
+
+
+@torch.library.custom_op("dflash_zoo::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., n] -> weight * rms_norm(x) [..., n] (`static._Norms`'s formula: HF's RMSNorm); weight [n]."""
+    n = x.shape[-1]
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    d = _pow2(n)
+    _kernels()[1][(x.numel() // n,)](x, weight, y, n, eps, D=d, num_warps=4 if d <= 2048 else 8)
+    return y
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("dflash_zoo::silu_mul", mutates_args=())
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for [..., n] each, rows of either possibly strided (halves of one projection)."""
+    n = gate.shape[-1]
+    g, u = gate.reshape(-1, n), up.reshape(-1, n)  # views for a fused projection's halves
+    if g.stride(-1) != 1 or u.stride(-1) != 1:
+        g, u = g.contiguous(), u.contiguous()
+    y = gate.new_empty(g.shape)
+    block = min(1024, _pow2(n))
+    _kernels()[2][(g.shape[0], -(-n // block))](g, u, y, n, g.stride(0), u.stride(0), BLOCK=block)
+    return y.view(gate.shape)
+
+
+@silu_mul.register_fake
+def _(gate, up):
+    return gate.new_empty(gate.shape)
