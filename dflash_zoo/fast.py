@@ -15,8 +15,8 @@ What differs from the eager loop (`decode.SpeculativeDecoder`), and why:
   `torch.compile` (inductor, no cudagraphs) of the two step functions before capture; compile time is kept
   apart from capture time and from throughput (`compile_seconds`, `capture_seconds`). On CUDA with triton, the
   attention of every step and the one-row o/down projections run our Triton kernels (kernels.py), measured
-  fastest compiled or not, and so, uncompiled, does the elementwise work between GEMMs (fused_ops.py); without triton,
-  compiled one-row steps use explicit sums over key chunks.
+  fastest compiled or not, and so, uncompiled, does the elementwise work between GEMMs (fused_ops.py);
+  without triton, compiled one-row steps use explicit sums over key chunks.
 Scope: greedy decoding, batch 1, full-attention targets whose adapter sets `static_qk_norm` (dense, or sparse MoE
 blocks whose experts implementation does not sync with the host when graphs are on). Everything else uses decode.py.
 On CPU the same static path runs without graphs; tests compare it token for token with decode.py (fp32).
