@@ -110,7 +110,9 @@ def rope_store(
     t = qkv.shape[0]
     if qkv.shape[1] != (heads + 2 * kvh) * hd:
         raise ValueError(f"qkv width {qkv.shape[1]} is not ({heads} + 2 x {kvh}) x {hd}")
-    qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("rope_store writes into contiguous [kvh, S, hd] caches only")
+    qkv, cos, sin, positions = qkv.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous()
     q = qkv.new_empty(heads, t, hd)
     norm = q_weight is not None
     qw, kw = (q_weight, k_weight) if norm else (qkv, qkv)  # unread without NORM
@@ -130,7 +132,7 @@ def _(qkv, q_weight, k_weight, cos, sin, positions, k_cache, v_cache, heads, eps
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., n] -> weight * rms_norm(x) [..., n] (`static._Norms`'s formula: HF's RMSNorm); weight [n]."""
     n = x.shape[-1]
-    x = x.contiguous()
+    x, weight = x.contiguous(), weight.contiguous()
     y = torch.empty_like(x)
     d = _pow2(n)
     _kernels()[1][(x.numel() // n,)](x, weight, y, n, eps, D=d, num_warps=4 if d <= 2048 else 8)

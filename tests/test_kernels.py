@@ -175,11 +175,14 @@ def test_rope_store_equals_the_torch_ops(interpret, case, dtype):
     assert torch.equal(caches[1], ref_caches[1])  # V: copied as it is
 
 
-def test_rope_store_rejects_a_width_that_is_not_its_heads(interpret):
+def test_rope_store_rejects_a_width_that_is_not_its_heads_and_strided_caches(interpret):
     caches = [torch.zeros(2, 8, 16) for _ in range(2)]
+    rope = (torch.ones(1, 16), torch.zeros(1, 16), torch.zeros(1, dtype=torch.long))
     with pytest.raises(ValueError, match=r"qkv width 96 is not \(4 \+ 2 x 2\) x 16"):
-        fused_ops.rope_store(torch.zeros(1, 96), None, None, torch.ones(1, 16), torch.zeros(1, 16),
-                           torch.zeros(1, dtype=torch.long), *caches, 4, 1e-6)  # fmt: skip
+        fused_ops.rope_store(torch.zeros(1, 96), None, None, *rope, *caches, 4, 1e-6)
+    strided = torch.zeros(8, 2, 16).transpose(0, 1)  # [2, 8, 16] as a view, not laid out so
+    with pytest.raises(ValueError, match="contiguous"):
+        fused_ops.rope_store(torch.zeros(1, 128), None, None, *rope, strided, caches[1], 4, 1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
