@@ -1,6 +1,7 @@
 """One device call: where the embedded demo pair's decode time goes on a GPU (issue #5's speedup ratio).
 
-For each kernel setting of `FastEngine` (decode attention, block attention, one-row GEMV) on the demo pair:
+For each kernel setting of `FastEngine` (decode attention, block attention, one-row GEMV, fused elementwise
+ops: `SETTINGS`) on the demo pair:
 - the held-out eval through the real loop (`evaluate`: tau, tok/s both ways, speedup, identical outputs);
 - GPU time per step: the captured graph replayed back to back with no host sync in between (the draft accepts
   nothing, `force = 0`, so 300 replays advance 300 positions), against the wall time per step of the eval;
@@ -9,6 +10,8 @@ For each kernel setting of `FastEngine` (decode attention, block attention, one-
 Then the default setting once more in fp32 (outputs must equal autoregressive decoding token for token).
 
     python scripts/gpu_demo_profile.py --out $OUT/profile.json [--draft DIR] [--data docs/bench/demo-held-out.jsonl]
+Session 13 (docs/perf-notes.md): call 4 `--settings default,no-rope,sdpa` (rope_store was then the whole of
+fused_ops, and "no-rope" is today's "no-fused"), call 5 `--settings default,rope-only`.
 """
 
 from __future__ import annotations
