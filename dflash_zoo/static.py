@@ -221,6 +221,27 @@ def _swiglu(act, gate: torch.Tensor, up: torch.Tensor, kernel: bool) -> torch.Te
     return fused_ops.silu_mul(gate, up) if kernel else act(gate) * up
 
 
+def _qkv_store(proj, x, heads: int, norm, qk, rope, positions, buffers, fused: bool) -> torch.Tensor | None:
+    """x [1, T, H] through `proj` (q/k/v, or k/v alone with heads 0) -> q [1, heads, T, hd], normed by the
+    `qk` modules (q_norm, k_norm; None: no qk norm) and rotated by `rope` (cos, sin); None with heads 0. k is
+    normed and rotated the same way and written with v into `buffers` ([1, kvh, S, hd] each) at `positions`.
+    `fused`: all of it in one kernel (`fused_ops.rope_store`)."""
+    (cos, sin), (k_buf, v_buf) = rope, buffers
+    if fused:
+        w = (qk[0].weight, qk[1].weight) if qk else (None, None)
+        q = fused_ops.rope_store(
+            proj.joint(x)[0], *w, cos, sin, positions, k_buf[0], v_buf[0], heads, norm.eps
+        )
+        return q[None] if heads else None
+    t, hd = x.shape[1], k_buf.shape[-1]
+    *q, k, v = (y.view(1, t, -1, hd) for y in proj(x))  # [1, T, heads or kvh, hd]
+    if qk:
+        q, k = [norm(qk[0], y) for y in q], norm(qk[1], k)
+    k_buf.index_copy_(2, positions, apply_rotary(k.transpose(1, 2), cos, sin))
+    v_buf.index_copy_(2, positions, v.transpose(1, 2))  # [1, kvh, T, hd]
+    return apply_rotary(q[0].transpose(1, 2), cos, sin) if q else None
+
+
 def _group_mask(mask: torch.Tensor, g: int, dtype: torch.dtype) -> torch.Tensor:
     """[T, S] bool -> [1, 1, g*T, S] additive (0 / -inf) in `dtype`: `_grouped_sdpa`'s query rows.
 
@@ -274,28 +295,12 @@ class StaticTarget:
         dev = self.k[0].device
         self.key_pos = torch.arange(max_len, device=dev)  # [S]
 
-    def _qkv(self, i: int, x, cos, sin, positions):
-        """x [1, T, H] -> q [1, heads, T, hd] normed and rotated; k (likewise) and v written at `positions`."""
-        attn = self.layers[i].self_attn
-        t = x.shape[1]
-        if self.fused:
-            w = (attn.q_norm.weight, attn.k_norm.weight) if self.qk_norm else (None, None)
-            k_buf, v_buf, heads = self.k[i][0], self.v[i][0], self.group * self.kvh
-            q = fused_ops.rope_store(
-                self.qkv[i].joint(x)[0], *w, cos, sin, positions, k_buf, v_buf, heads, self.norm.eps
-            )
-            return q[None]
-        q, k, v = (y.view(1, t, -1, self.hd) for y in self.qkv[i](x))  # [1, T, heads or kvh, hd]
-        if self.qk_norm:
-            q, k = self.norm(attn.q_norm, q), self.norm(attn.k_norm, k)
-        self.k[i].index_copy_(2, positions, apply_rotary(k.transpose(1, 2), cos, sin))
-        self.v[i].index_copy_(2, positions, v.transpose(1, 2))  # [1, kvh, T, hd]
-        return apply_rotary(q.transpose(1, 2), cos, sin)
-
     def _attn(self, i: int, x, cos, sin, positions, gmask, prefill: bool):
         attn = self.layers[i].self_attn
         t = x.shape[1]
-        q = self._qkv(i, x, cos, sin, positions)
+        qk = (attn.q_norm, attn.k_norm) if self.qk_norm else None
+        heads, buffers = self.group * self.kvh, (self.k[i], self.v[i])
+        q = _qkv_store(self.qkv[i], x, heads, self.norm, qk, (cos, sin), positions, buffers, self.fused)
         if prefill:  # from position 0: causal flash kernel over the prompt, no mask tensor
             # the prompt's K/V heads from the buffers, repeated for the kernel (transient, one layer at a time)
             kk, vv = (b[:, :, :t].repeat_interleave(self.group, 1) for b in (self.k[i], self.v[i]))
@@ -368,26 +373,12 @@ class StaticDrafter:
         self.v = [torch.zeros_like(k) for k in self.k]
         self.key_pos = torch.arange(max_len, device=w.device)
 
-    def _qkv(self, i: int, x, positions, cos, sin, with_q: bool):
-        """x [1, T, H] -> q [1, heads, T, hd] normed and rotated (None without `with_q`); k (likewise, as
-        `Attention._kv`) and v written into layer i's buffers at `positions`."""
+    def _qkv(self, i: int, x, positions, rope, with_q: bool):
+        """`_qkv_store` for layer i (as `Attention._kv` for k and v): q, or None without `with_q`."""
         a = self.d.layers[i].self_attn
-        t, proj = x.shape[1], self.qkv[i] if with_q else self.kv[i]
-        if self.fused:
-            heads, w = a.heads if with_q else 0, (a.q_norm.weight, a.k_norm.weight)
-            q = fused_ops.rope_store(
-                proj.joint(x)[0], *w, cos, sin, positions, self.k[i][0], self.v[i][0], heads, self.norm.eps
-            )
-            return q[None] if with_q else None
-        *q, k, v = proj(x)  # [1, T, heads*hd] (with_q), [1, T, kvh*hd] x2
-        k = self.norm(a.k_norm, k.view(1, t, a.kv_heads, a.head_dim)).transpose(1, 2)
-        self.k[i].index_copy_(2, positions, apply_rotary(k, cos, sin))
-        self.v[i].index_copy_(2, positions, v.view(1, t, a.kv_heads, a.head_dim).transpose(1, 2))
-        if not with_q:
-            return None
-        return apply_rotary(
-            self.norm(a.q_norm, q[0].view(1, t, a.heads, a.head_dim)).transpose(1, 2), cos, sin
-        )
+        proj, heads = (self.qkv[i], a.heads) if with_q else (self.kv[i], 0)
+        qk, buffers = (a.q_norm, a.k_norm), (self.k[i], self.v[i])
+        return _qkv_store(proj, x, heads, self.norm, qk, rope, positions, buffers, self.fused)
 
     def append(self, feats, pos) -> None:
         """Project context features [1, n, K*H] at positions pos.. into every layer's K/V."""
@@ -396,7 +387,7 @@ class StaticDrafter:
         ctx = self.norm(self.d.hidden_norm, self.d.fc(feats.to(self.dtype)))  # [1, n, H]
         rope = self.d.rotary_emb(positions, self.dtype)
         for i in range(len(self.d.layers)):
-            self._qkv(i, ctx, positions, *rope, with_q=False)
+            self._qkv(i, ctx, positions, rope, with_q=False)
 
     def _mask(self, attn, q_pos, pos):
         """[B, S]: context keys below pos, plus the block's own keys (causal / windowed per layer)."""
@@ -423,7 +414,7 @@ class StaticDrafter:
             if kind not in masks:
                 masks[kind] = _group_mask(self._mask(a, q_pos, pos), self.group, self.dtype)
             h = self.norm(layer.input_layernorm, x)
-            q = self._qkv(i, h, q_pos, *rope, with_q=True)  # [1, heads, B, hd]; K/V rows: scratch for append
+            q = self._qkv(i, h, q_pos, rope, with_q=True)  # [1, heads, B, hd]; K/V rows: scratch for append
             out = self.attend(q, self.k[i], self.v[i], masks[kind], a.head_dim**-0.5)
             x = x + a.o_proj(out)
             gate, up = self.gate_up[i](self.norm(layer.post_attention_layernorm, x))  # [1, B, F] each
