@@ -11,7 +11,7 @@ import importlib
 import logging
 import sys
 
-from .base import TargetAdapter
+from dflash_zoo.adapters.base import TargetAdapter
 
 log = logging.getLogger("dflash_zoo")
 

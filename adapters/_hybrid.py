@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .base import Problem, TargetAdapter
+from dflash_zoo.adapters.base import Problem, TargetAdapter
 
 if TYPE_CHECKING:
     import torch

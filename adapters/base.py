@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     import torch
 
-    from dflash_zoo.config import DraftConfig
+    from dflash_zoo.engine.config import DraftConfig
 
 
 @dataclass(frozen=True)

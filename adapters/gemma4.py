@@ -14,8 +14,8 @@ Quirks (on top of `gemma4_text`, whose embed scale, soft-cap, sliding and KV-sha
 
 from __future__ import annotations
 
-from . import register
-from .gemma4_text import Gemma4TextAdapter
+from dflash_zoo.adapters import register
+from dflash_zoo.adapters.gemma4_text import Gemma4TextAdapter
 
 
 @register("gemma4")

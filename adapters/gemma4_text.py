@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import register
-from .base import Problem, TargetAdapter
+from dflash_zoo.adapters import register
+from dflash_zoo.adapters.base import Problem, TargetAdapter
 
 if TYPE_CHECKING:
     import torch
 
-    from dflash_zoo.config import DraftConfig
+    from dflash_zoo.engine.config import DraftConfig
 
 
 @register("gemma4_text")

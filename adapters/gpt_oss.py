@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from . import register
-from .base import TargetAdapter
+from dflash_zoo.adapters import register
+from dflash_zoo.adapters.base import TargetAdapter
 
 HARMONY_RETURN, HARMONY_CALL, HARMONY_ENDOFTEXT = 200002, 200012, 199999
 

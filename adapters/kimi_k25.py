@@ -19,8 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import register
-from .deepseek_v3 import DeepseekV3Adapter
+from dflash_zoo.adapters import register
+from dflash_zoo.adapters.deepseek_v3 import DeepseekV3Adapter
 
 
 def checkpoint_has_lm_head(directory: str) -> bool:

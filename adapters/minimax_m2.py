@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import register
-from .base import TargetAdapter
+from dflash_zoo.adapters import register
+from dflash_zoo.adapters.base import TargetAdapter
 
 
 def fix_partial_rotary(config: Any) -> Any:

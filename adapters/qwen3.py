@@ -11,8 +11,8 @@ Quirks:
 
 from __future__ import annotations
 
-from . import register
-from .base import TargetAdapter
+from dflash_zoo.adapters import register
+from dflash_zoo.adapters.base import TargetAdapter
 
 
 @register("qwen3")

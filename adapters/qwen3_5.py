@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from . import register
-from ._hybrid import HybridGDNAdapter
-from .base import Problem, TargetAdapter
-from .qwen3_5_text import Qwen3_5TextAdapter
+from dflash_zoo.adapters import register
+from dflash_zoo.adapters._hybrid import HybridGDNAdapter
+from dflash_zoo.adapters.base import Problem, TargetAdapter
+from dflash_zoo.adapters.qwen3_5_text import Qwen3_5TextAdapter
 
 
 @register("qwen3_5")

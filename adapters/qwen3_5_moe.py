@@ -9,9 +9,9 @@ Quirks:
 
 from __future__ import annotations
 
-from . import register
-from .qwen3_5 import Qwen3_5Adapter
-from .qwen3_5_moe_text import Qwen3_5MoeTextAdapter
+from dflash_zoo.adapters import register
+from dflash_zoo.adapters.qwen3_5 import Qwen3_5Adapter
+from dflash_zoo.adapters.qwen3_5_moe_text import Qwen3_5MoeTextAdapter
 
 
 @register("qwen3_5_moe")

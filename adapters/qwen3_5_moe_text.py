@@ -9,8 +9,8 @@ Quirks:
 
 from __future__ import annotations
 
-from . import register
-from .qwen3_5_text import Qwen3_5TextAdapter
+from dflash_zoo.adapters import register
+from dflash_zoo.adapters.qwen3_5_text import Qwen3_5TextAdapter
 
 
 @register("qwen3_5_moe_text")

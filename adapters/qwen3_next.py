@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import register
-from ._hybrid import HybridGDNAdapter
+from dflash_zoo.adapters import register
+from dflash_zoo.adapters._hybrid import HybridGDNAdapter
 
 
 @register("qwen3_next")

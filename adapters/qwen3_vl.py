@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import register
-from .base import TargetAdapter
+from dflash_zoo.adapters import register
+from dflash_zoo.adapters.base import TargetAdapter
 
 
 @register("qwen3_vl")

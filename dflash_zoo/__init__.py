@@ -20,13 +20,13 @@ except metadata.PackageNotFoundError:  # running from a source tree without inst
 _LAZY = {
     "load": "dflash_zoo.api",
     "Pipeline": "dflash_zoo.api",
-    "GenerationConfig": "dflash_zoo.results",
-    "GenerationResult": "dflash_zoo.results",
-    "StepRecord": "dflash_zoo.results",
-    "DFlashDrafter": "dflash_zoo.drafter",
-    "load_drafter": "dflash_zoo.checkpoint",
-    "save_drafter": "dflash_zoo.checkpoint",
-    "speculative_generate": "dflash_zoo.decode",
+    "GenerationConfig": "dflash_zoo.engine.results",
+    "GenerationResult": "dflash_zoo.engine.results",
+    "StepRecord": "dflash_zoo.engine.results",
+    "DFlashDrafter": "dflash_zoo.engine.drafter",
+    "load_drafter": "dflash_zoo.engine.checkpoint",
+    "save_drafter": "dflash_zoo.engine.checkpoint",
+    "speculative_generate": "dflash_zoo.engine.decode",
 }
 
 

@@ -19,13 +19,13 @@ from typing import Any
 
 import torch
 
-from . import demo
-from .adapters import get_adapter
-from .checkpoint import load_drafter, resolve_dir
-from .decode import SpeculativeDecoder, autoregressive_generate
-from .drafter import DFlashDrafter
-from .errors import ConfigError, IncompatiblePairError, NotFoundError
-from .results import GenerationConfig, GenerationResult
+from dflash_zoo import demo
+from dflash_zoo.adapters import get_adapter
+from dflash_zoo.engine.checkpoint import load_drafter, resolve_dir
+from dflash_zoo.engine.decode import SpeculativeDecoder, autoregressive_generate
+from dflash_zoo.engine.drafter import DFlashDrafter
+from dflash_zoo.engine.results import GenerationConfig, GenerationResult
+from dflash_zoo.errors import ConfigError, IncompatiblePairError, NotFoundError
 
 log = logging.getLogger("dflash_zoo")
 
@@ -128,7 +128,7 @@ class Pipeline:
         )
 
     def _image_inputs(self, prompt: Any, images: list[str]) -> tuple[list[int], dict[str, Any]]:
-        from .vision import image_prompt_inputs, require_image_support
+        from dflash_zoo.engine.vision import image_prompt_inputs, require_image_support
 
         require_image_support(self.adapter)
         if not isinstance(prompt, str) or self.processor_source is None:
@@ -167,8 +167,8 @@ class Pipeline:
         """The static fast path when it applies (same tokens as the eager loop), else None."""
         if self.fast is False or (self.fast is None and self.device.type != "cuda"):
             return None
-        from .fast import FastEngine
-        from .static import unsupported_reason
+        from dflash_zoo.cuda.fast import FastEngine
+        from dflash_zoo.cuda.static import unsupported_reason
 
         cfg = self.config(**kw).validated(self.drafter.cfg.block_size)
         reason = (
@@ -341,7 +341,7 @@ def resolve_devices(device_map: str | list[str] | None, device: str | None) -> t
         return device or default_device(), None
     if device is not None:
         raise ConfigError("pass either a device or a device map, not both", hint="drop --device")
-    from .placement import parse_devices
+    from dflash_zoo.cuda.placement import parse_devices
 
     devices = parse_devices(device_map)
     if len(devices) == 1:
@@ -352,7 +352,7 @@ def resolve_devices(device_map: str | list[str] | None, device: str | None) -> t
 
 def _place(adapter: Any, drafter: DFlashDrafter, devices: list[str]) -> Any:
     """Split the target over `devices` (the drafter's bytes planned on the head's device), then move the drafter."""
-    from .placement import apply_placement, module_bytes, plan_placement
+    from dflash_zoo.cuda.placement import apply_placement, module_bytes, plan_placement
 
     plan = plan_placement(adapter, devices, reserve_bytes=module_bytes(drafter))
     placement = apply_placement(adapter.model, adapter, plan)
@@ -363,7 +363,7 @@ def _place(adapter: Any, drafter: DFlashDrafter, devices: list[str]) -> Any:
 
 def locked_revision(entry: Any) -> str:
     """The commit `pull` recorded for this entry (reproducible runs), else the registry's pin."""
-    from .registry import read_lock
+    from dflash_zoo.zoo.registry import read_lock
 
     lock = read_lock().get(entry.slug) or {}
     return lock.get("commit") if lock.get("draft_repo") == entry.draft_repo else entry.draft_revision
@@ -375,6 +375,6 @@ def _registry_entry(name: str) -> Any:
         raise NotFoundError(
             f"{name} is a directory but no --draft was given", hint="pass --draft DIR_OR_REPO"
         )
-    from .registry import load_registry
+    from dflash_zoo.zoo.registry import load_registry
 
     return load_registry().resolve(name)

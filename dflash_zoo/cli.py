@@ -97,14 +97,14 @@ def cli(verbose: int) -> None:
       dflash-zoo check --target Qwen/Qwen3-8B
       dflash-zoo generate "Hi" --target Qwen/Qwen3-8B --draft z-lab/Qwen3-8B-DFlash-b16
     """
-    from .output import setup_logging
+    from dflash_zoo.output import setup_logging
 
     setup_logging(verbose)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the group and maps errors to one-line messages and exit codes."""
-    from .errors import ZooError
+    from dflash_zoo.errors import ZooError
 
     debug = os.environ.get("DFLASH_ZOO_DEBUG", "") not in ("", "0")
     try:

@@ -15,10 +15,10 @@ import traceback
 import torch
 from _repo import T0, first_diff, say  # scripts/ is on sys.path when run as a script
 
-from dflash_zoo import bench as B
-from dflash_zoo.decode import SpeculativeDecoder, autoregressive_generate
-from dflash_zoo.fast import FastEngine
-from dflash_zoo.results import GenerationConfig
+from dflash_zoo.bench import runner as B
+from dflash_zoo.cuda.fast import FastEngine
+from dflash_zoo.engine.decode import SpeculativeDecoder, autoregressive_generate
+from dflash_zoo.engine.results import GenerationConfig
 
 OUT = os.environ.get("OUT", "/tmp/out")
 BUDGET = float(os.environ.get("GPU_BENCH_BUDGET", "470"))  # seconds for everything optional

@@ -25,8 +25,8 @@ import time
 import torch
 
 from dflash_zoo import api
-from dflash_zoo.evaluate import evaluate, load_prompts
-from dflash_zoo.fast import FastEngine
+from dflash_zoo.cuda.fast import FastEngine
+from dflash_zoo.training.evaluate import evaluate, load_prompts
 
 SETTINGS = {  # name -> (decode_attention, block_attention, gemv, fused_ops)
     "default": (None, None, None, None),

@@ -38,11 +38,12 @@ import torch
 import torch.nn.functional as F
 from _repo import say  # scripts/ is on sys.path when run as a script
 
-from dflash_zoo import bench as B
-from dflash_zoo import benchmeta, kernels
-from dflash_zoo.fast import COMPILE_OPTIONS, FastEngine
-from dflash_zoo.results import GenerationConfig
-from dflash_zoo.static import BLOCK_ATTENTION, DECODE_ATTENTION, _group_mask, _grouped_sdpa
+from dflash_zoo.bench import meta as benchmeta
+from dflash_zoo.bench import runner as B
+from dflash_zoo.cuda import kernels
+from dflash_zoo.cuda.fast import COMPILE_OPTIONS, FastEngine
+from dflash_zoo.cuda.static import BLOCK_ATTENTION, DECODE_ATTENTION, _group_mask, _grouped_sdpa
+from dflash_zoo.engine.results import GenerationConfig
 from scripts.gpu_fast_variants import NEW, PROMPT, TAU, guarded, median_tok_s, tiny_identity
 
 REPS = 20  # calls per captured graph in the micro-benchmarks

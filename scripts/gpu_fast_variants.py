@@ -26,11 +26,11 @@ import torch
 from _repo import T0, first_diff, say  # scripts/ is on sys.path when run as a script
 from dflash_zoo.adapters import get_adapter
 
-from dflash_zoo import bench as B
-from dflash_zoo import benchmeta
-from dflash_zoo.decode import autoregressive_generate
-from dflash_zoo.fast import FastEngine
-from dflash_zoo.results import GenerationConfig
+from dflash_zoo.bench import meta as benchmeta
+from dflash_zoo.bench import runner as B
+from dflash_zoo.cuda.fast import FastEngine
+from dflash_zoo.engine.decode import autoregressive_generate
+from dflash_zoo.engine.results import GenerationConfig
 from tests.tiny import VOCAB, tiny_drafter, tiny_target
 
 VARIANTS = {
@@ -135,7 +135,7 @@ def speed(sub: B.Subject, flags: dict, dev: torch.device) -> dict:
 
 def norm_check(dev: torch.device) -> dict:
     """bf16: HF's RMSNorm module vs `weight * F.rms_norm` (fast_norm), bitwise."""
-    from dflash_zoo.static import _Norms
+    from dflash_zoo.cuda.static import _Norms
 
     norm = type(tiny_target("qwen3").model.norm)(4096, eps=1e-6).to(dev, torch.bfloat16)  # Qwen3RMSNorm
     with torch.no_grad():

@@ -24,7 +24,11 @@ from pathlib import Path
 import torch
 from _repo import map_adapters  # scripts/ is on sys.path when run as a script
 
-from dflash_zoo.bench import SHAPES, Shape, shape_target  # imports no adapter: map_adapters may run later
+from dflash_zoo.bench.runner import (  # imports no adapter: map_adapters may run later
+    SHAPES,
+    Shape,
+    shape_target,
+)
 
 BLOCK = 16
 # docs/hybrid-rollback.md's CPU setup (--tiny)

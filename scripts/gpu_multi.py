@@ -30,8 +30,8 @@ def lossless(model_type: str, n_prompts: int = 3, new: int = 32) -> dict:
     from dflash_zoo.adapters import get_adapter
 
     from dflash_zoo.api import load
-    from dflash_zoo.decode import autoregressive_generate
-    from dflash_zoo.results import GenerationConfig
+    from dflash_zoo.engine.decode import autoregressive_generate
+    from dflash_zoo.engine.results import GenerationConfig
     from tests.tiny import tiny_drafter, tiny_target
 
     model = tiny_target(model_type, seed=0).to("cuda:0")
@@ -93,9 +93,9 @@ def kernel_time(ar) -> dict:
 
 
 def big_run(new_tokens: int, prompt_tokens: int, devices: list[str], shape: str) -> dict:
-    from dflash_zoo import bench as B
-    from dflash_zoo.decode import SpeculativeDecoder, autoregressive_generate
-    from dflash_zoo.results import GenerationConfig
+    from dflash_zoo.bench import runner as B
+    from dflash_zoo.engine.decode import SpeculativeDecoder, autoregressive_generate
+    from dflash_zoo.engine.results import GenerationConfig
 
     t = time.time()
     dtype = torch.float32 if devices[0] == "cpu" else torch.bfloat16

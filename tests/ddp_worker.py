@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from dflash_zoo.data import Example
-from dflash_zoo.train import TrainConfig, _Trainer, build_draft_config, dist_info, new_drafter
+from dflash_zoo.training.data import Example
+from dflash_zoo.training.train import TrainConfig, _Trainer, build_draft_config, dist_info, new_drafter
 from tests.tiny import VOCAB, tiny_target, tiny_tokenizer
 
 

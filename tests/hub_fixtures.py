@@ -5,7 +5,7 @@ server and `HF_HOME` / `HF_HUB_CACHE` / `DFLASH_ZOO_HOME` at temporary folders, 
 `zoo_registry` adds an extra registry file with entries that point at the server's sample repos.
 
 huggingface_hub reads `HF_ENDPOINT` and `HF_HUB_OFFLINE` once, at import, so a test process that imported it
-earlier keeps the old values. `dflash_zoo.hub` passes endpoint and cache folder explicitly; on top of that the
+earlier keeps the old values. `dflash_zoo.zoo.hub` passes endpoint and cache folder explicitly; on top of that the
 fixture patches the client's import-time constants, so that nothing the client does on its own (hub 2.x fetches
 `/api/agent-harnesses` for its user agent) can leave 127.0.0.1, and an inherited `HF_HUB_OFFLINE=1` does not
 block the online tests.

@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from dflash_zoo.decode import SpeculativeDecoder
+from dflash_zoo.engine.decode import SpeculativeDecoder
 
 
 class OracleDecoder(SpeculativeDecoder):

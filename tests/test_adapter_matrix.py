@@ -14,8 +14,8 @@ import torch
 from dflash_zoo.adapters import get_adapter, supported_model_types
 
 from dflash_zoo import compat
-from dflash_zoo.decode import SpeculativeDecoder
-from dflash_zoo.results import GenerationConfig
+from dflash_zoo.engine.decode import SpeculativeDecoder
+from dflash_zoo.engine.results import GenerationConfig
 from tests.oracles import OracleDecoder, greedy_reference
 from tests.tiny import LM_SCALE, VOCAB, tiny_drafter, tiny_target
 

@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 from click.testing import CliRunner
 
-from dflash_zoo import bench as B
+from dflash_zoo.bench import runner as B
 from dflash_zoo.cli import cli
 
 
@@ -162,7 +162,7 @@ def test_weight_bytes_of_a_moe_target_count_only_the_routed_experts():
     import torch
     from dflash_zoo.adapters import get_adapter
 
-    from dflash_zoo import benchmeta
+    from dflash_zoo.bench import meta as benchmeta
     from tests.tiny import tiny_drafter, tiny_target
 
     model = tiny_target("qwen3_moe")

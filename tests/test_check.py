@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from dflash_zoo.adapters import find_adapter
 
-from dflash_zoo import check as check_mod
-from dflash_zoo.check import CheckReport, check_pair
 from dflash_zoo.errors import InvalidArgumentError, NotFoundError, OfflineError
-from dflash_zoo.registry import write_lock
+from dflash_zoo.zoo import check as check_mod
+from dflash_zoo.zoo.check import CheckReport, check_pair
+from dflash_zoo.zoo.registry import write_lock
 
 pytest_plugins = ["tests.hub_fixtures"]  # hub_env: a loopback Hub server (never the network)
 
@@ -41,7 +41,7 @@ def as_dir(tmp_path: Path, slug: str, side: str) -> Path:
 
 def cache_repo(repo: str, config: dict, commit: str = SHA, ref: str | None = "main") -> None:
     """Lay out `config.json` of `repo` in the HF cache as the hub client does."""
-    from dflash_zoo.hub import repo_cache_dir
+    from dflash_zoo.zoo.hub import repo_cache_dir
 
     root = repo_cache_dir(repo)
     (root / "snapshots" / commit).mkdir(parents=True)

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import pytest
 from click.testing import CliRunner
 
-from dflash_zoo import hub as zh
 from dflash_zoo.cli import main
-from dflash_zoo.serve import ServeSpec, sglang_command, vllm_command
+from dflash_zoo.zoo import hub as zh
+from dflash_zoo.zoo.serve import ServeSpec, sglang_command, vllm_command
 from tests.hubserver import DRAFT_FILES, DRAFT_REPO, TARGET_REPO
 
 pytest_plugins = ["tests.hub_fixtures"]  # fixtures: hub, hub_env, zoo_registry, offline_env
@@ -40,7 +40,7 @@ def cli(*args: str, stdin: str | None = None) -> Run:
 
 
 def test_pull_entry_prints_path_and_writes_lock(zoo_registry, hub_env):
-    from dflash_zoo.registry import read_lock
+    from dflash_zoo.zoo.registry import read_lock
 
     run = cli("pull", "tiny-test")
     assert run.code == 0, run.stderr

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from dflash_zoo.cli import cli, main
-from dflash_zoo.registry import load_registry, write_lock
+from dflash_zoo.zoo.registry import load_registry, write_lock
 
 FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 SHA = "0123456789abcdef0123456789abcdef01234567"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dflash_zoo.config import default_target_layer_ids, load_draft_config, normalize_draft_config
+from dflash_zoo.engine.config import default_target_layer_ids, load_draft_config, normalize_draft_config
 from dflash_zoo.errors import ConfigError
 
 BASE = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dflash_zoo.api import Pipeline, check_pair
+from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.errors import IncompatiblePairError, InvalidArgumentError
-from dflash_zoo.results import GenerationConfig
 from tests.oracles import OracleDecoder, greedy_reference
 from tests.tiny import VOCAB, tiny_drafter, tiny_target
 
@@ -100,7 +100,7 @@ def test_bad_generation_arguments(pipe, kw, message):
     ],
 )
 def test_incompatible_pairs_are_refused(pair, draft_kw, message):
-    from dflash_zoo.config import normalize_draft_config
+    from dflash_zoo.engine.config import normalize_draft_config
     from tests.tiny import draft_config_dict
 
     raw = draft_config_dict(pair[0], taps=draft_kw.get("taps"))
@@ -147,7 +147,7 @@ def test_stateful_cache_with_a_crop_only_adapter_is_refused():
     """A hybrid (recurrent-state) target behind the plain crop adapter must be refused, never run silently."""
     from dflash_zoo.adapters.base import TargetAdapter
 
-    from dflash_zoo.decode import SpeculativeDecoder
+    from dflash_zoo.engine.decode import SpeculativeDecoder
     from dflash_zoo.errors import UnsupportedModelError
 
     target = tiny_target("qwen3_5_text", seed=0)

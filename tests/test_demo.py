@@ -68,7 +68,7 @@ def test_build_script_rejects_unknown_hp_key():
 def test_a_drafter_alone_pairs_with_the_demo_target(tmp_path):
     """`load(draft=D)` without a target: the embedded demo target with D (not the demo drafter)."""
     from dflash_zoo.api import load
-    from dflash_zoo.drafter import DFlashDrafter
+    from dflash_zoo.engine.drafter import DFlashDrafter
 
     shipped = load(device="cpu", dtype="fp32").drafter
     other = DFlashDrafter(shipped.cfg)  # same shape, fresh random weights

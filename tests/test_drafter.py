@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from dflash_zoo.checkpoint import load_drafter, save_drafter
-from dflash_zoo.config import RopeSpec, normalize_draft_config
-from dflash_zoo.drafter import DFlashDrafter, DraftKV, Span
+from dflash_zoo.engine.checkpoint import load_drafter, save_drafter
+from dflash_zoo.engine.config import RopeSpec, normalize_draft_config
+from dflash_zoo.engine.drafter import DFlashDrafter, DraftKV, Span
+from dflash_zoo.engine.rope import inverse_frequencies
 from dflash_zoo.errors import CheckpointError, NotFoundError
-from dflash_zoo.rope import inverse_frequencies
 from tests.tiny import draft_config_dict
 
 qwen3 = pytest.importorskip("transformers.models.qwen3.modeling_qwen3")

@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from dflash_zoo.cli import cli
-from dflash_zoo.evaluate import per_position_acceptance
-from dflash_zoo.results import GenerationResult, StepRecord
+from dflash_zoo.engine.results import GenerationResult, StepRecord
+from dflash_zoo.training.evaluate import per_position_acceptance
 from tests.tiny import save_tiny_pair
 
 
@@ -67,7 +67,7 @@ def test_eval_defaults_to_the_embedded_demo_pair(tmp_path):
 def test_one_time_costs_land_on_no_measured_prompt():
     """The longest prompt runs first both ways, so the fast engine is built (and captured) before timing."""
     from dflash_zoo.api import Pipeline
-    from dflash_zoo.evaluate import evaluate
+    from dflash_zoo.training.evaluate import evaluate
     from tests.test_fast import MASK, _pair
 
     adapter, drafter = _pair("qwen3")
@@ -101,7 +101,7 @@ def test_one_time_costs_land_on_no_measured_prompt():
 def test_eval_explains_outputs_that_differ(capsys, matched, dtype, expected):
     """Fewer identical outputs than prompts: a rounding note in bf16, a bug report request in fp32."""
     from dflash_zoo.commands.train import _mismatch_hint
-    from dflash_zoo.evaluate import EvalResult
+    from dflash_zoo.training.evaluate import EvalResult
 
     where = [None] * matched + [7, 2][: 3 - matched]
     res = EvalResult(
@@ -129,7 +129,7 @@ def test_eval_explains_outputs_that_differ(capsys, matched, dtype, expected):
 
 
 def test_first_difference():
-    from dflash_zoo.evaluate import first_difference
+    from dflash_zoo.training.evaluate import first_difference
 
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1

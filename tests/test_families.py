@@ -12,9 +12,9 @@ import torch
 from dflash_zoo.adapters import find_adapter, get_adapter
 
 from dflash_zoo import compat
-from dflash_zoo.decode import SpeculativeDecoder
+from dflash_zoo.engine.decode import SpeculativeDecoder
+from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.errors import UnsupportedModelError
-from dflash_zoo.results import GenerationConfig
 from tests.oracles import greedy_reference
 from tests.tiny import VOCAB, tiny_drafter, tiny_target
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from dflash_zoo.adapters import get_adapter
 
-from dflash_zoo.bench import whatif_schedule
-from dflash_zoo.decode import SpeculativeDecoder, autoregressive_generate
-from dflash_zoo.fast import COMPILE_OPTIONS, COMPILED_DECODE_ATTENTION, FastEngine, unsupported_reason
-from dflash_zoo.results import GenerationConfig
+from dflash_zoo.bench.runner import whatif_schedule
+from dflash_zoo.cuda.fast import COMPILE_OPTIONS, COMPILED_DECODE_ATTENTION, FastEngine, unsupported_reason
+from dflash_zoo.engine.decode import SpeculativeDecoder, autoregressive_generate
+from dflash_zoo.engine.results import GenerationConfig
 from tests.tiny import VOCAB, tiny_drafter, tiny_target
 
 MASK = VOCAB - 1
@@ -172,7 +172,7 @@ def _storage_bytes(module: torch.nn.Module) -> int:
 
 @pytest.mark.parametrize("model_type", ["qwen3", "llama"])
 def test_fused_weights_are_views_and_eager_outputs_are_unchanged(model_type, tmp_path):
-    from dflash_zoo.checkpoint import load_drafter, save_drafter
+    from dflash_zoo.engine.checkpoint import load_drafter, save_drafter
 
     adapter, drafter = _pair(model_type)
     prompt, cfg = _prompts(1)[0], GenerationConfig(max_new_tokens=12)
@@ -216,7 +216,7 @@ def test_fused_projections_with_bias_equal_eager():
 @pytest.mark.parametrize("t", [1, 5])
 def test_decode_attention_equals_masked_sdpa(name, t):
     """Every decode attention computes the masked grouped SDPA (fp32, GQA 4:2); hidden keys do not count."""
-    from dflash_zoo.static import DECODE_ATTENTION, _group_mask, _grouped_sdpa
+    from dflash_zoo.cuda.static import DECODE_ATTENTION, _group_mask, _grouped_sdpa
 
     gen = torch.Generator().manual_seed(0)
     # 32 keys: "chunks" splits them into 16 chunks of 2, and those past key 6 + t are wholly hidden
@@ -239,7 +239,7 @@ def test_unknown_decode_attention_is_refused():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fast_norm_is_bitwise_hf_rmsnorm(dtype):
-    from dflash_zoo.static import _Norms
+    from dflash_zoo.cuda.static import _Norms
 
     norm = tiny_target("qwen3").model.layers[0].input_layernorm.to(dtype)
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""`dflash_zoo.hub` against the loopback Hub server (tests/hubserver.py): the real client, no mocks."""
+"""`dflash_zoo.zoo.hub` against the loopback Hub server (tests/hubserver.py): the real client, no mocks."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from dflash_zoo import hub as zh
 from dflash_zoo.errors import NotFoundError, OfflineError
+from dflash_zoo.zoo import hub as zh
 from tests.hubserver import DRAFT_FILES, DRAFT_REPO, TARGET_REPO, file_etag
 
 pytest_plugins = ["tests.hub_fixtures"]  # fixtures: hub, hub_env, offline_env

@@ -14,11 +14,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dflash_zoo import fused_ops, kernels
-from dflash_zoo.fast import FastEngine
-from dflash_zoo.results import GenerationConfig
-from dflash_zoo.rope import apply_rotary
-from dflash_zoo.static import _group_mask, _grouped_sdpa, _grouped_split
+from dflash_zoo.cuda import fused_ops, kernels
+from dflash_zoo.cuda.fast import FastEngine
+from dflash_zoo.cuda.static import _group_mask, _grouped_sdpa, _grouped_split
+from dflash_zoo.engine.results import GenerationConfig
+from dflash_zoo.engine.rope import apply_rotary
 from tests.test_fast import MASK, _assert_both_paths_equal_ar, _eager, _full_block_steps, _pair, _prompts
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -271,7 +271,7 @@ def test_kernel_defaults_on_cuda_and_the_escape_hatch(monkeypatch, compile):
     """On a CUDA device with triton the kernels are the default; DFLASH_ZOO_KERNELS=0 restores the previous
     paths; explicit choices stand either way; CPU never picks them (no device is touched here)."""
     pytest.importorskip("triton")
-    from dflash_zoo.fast import COMPILED_DECODE_ATTENTION, _kernel_choice
+    from dflash_zoo.cuda.fast import COMPILED_DECODE_ATTENTION, _kernel_choice
 
     cuda = torch.device("cuda")
     # fused_ops only uncompiled: compiled, inductor fuses those ops itself

@@ -14,10 +14,10 @@ import torch
 from dflash_zoo.adapters import get_adapter, supported_model_types
 
 from dflash_zoo.api import Pipeline, load
-from dflash_zoo.decode import autoregressive_generate
+from dflash_zoo.cuda.placement import apply_placement, balance, module_bytes, parse_devices, plan_placement
+from dflash_zoo.engine.decode import autoregressive_generate
+from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.errors import ConfigError
-from dflash_zoo.placement import apply_placement, balance, module_bytes, parse_devices, plan_placement
-from dflash_zoo.results import GenerationConfig
 from tests.tiny import VOCAB, tiny_drafter, tiny_target
 
 SPLIT = ["cpu", "cpu"]
@@ -182,9 +182,9 @@ def test_two_gpu_split_is_lossless_fp32():
 def test_materialised_random_target_matches_a_directly_built_one(monkeypatch, tied):
     """`materialise` (meta -> planned devices -> HF init): no meta tensor left, rotary tables exact, the tied
     head still tied, weights drawn as `from_config` draws them; and the placed pair decodes losslessly."""
-    from dflash_zoo import bench as B
-    from dflash_zoo.decode import SpeculativeDecoder, autoregressive_generate
-    from dflash_zoo.results import GenerationConfig
+    from dflash_zoo.bench import runner as B
+    from dflash_zoo.engine.decode import SpeculativeDecoder, autoregressive_generate
+    from dflash_zoo.engine.results import GenerationConfig
 
     shape = B.SHAPES["tiny-qwen3"]
     if tied:

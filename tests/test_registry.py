@@ -11,10 +11,11 @@ import pytest
 import yaml
 from dflash_zoo.adapters import canonical_model_type, find_adapter
 
-from dflash_zoo import registry as reg_mod
-from dflash_zoo.config import default_target_layer_ids
+from dflash_zoo.engine.config import default_target_layer_ids
 from dflash_zoo.errors import ConfigError, NotFoundError
-from dflash_zoo.registry import load_registry, read_lock, write_lock, zoo_home
+from dflash_zoo.paths import zoo_home
+from dflash_zoo.zoo import registry as reg_mod
+from dflash_zoo.zoo.registry import load_registry, read_lock, write_lock
 
 PUBLISHED = (
     "qwen3-4b qwen3-8b llama3.1-8b-instruct qwen3-coder-30b-a3b qwen3-coder-next gpt-oss-20b gpt-oss-120b "

@@ -8,9 +8,9 @@ import itertools
 import pytest
 import torch
 
-from dflash_zoo.decode import SpeculativeDecoder
-from dflash_zoo.results import SAMPLING_RULE, GenerationConfig
-from dflash_zoo.sampling import processed_probs
+from dflash_zoo.engine.decode import SpeculativeDecoder
+from dflash_zoo.engine.results import SAMPLING_RULE, GenerationConfig
+from dflash_zoo.engine.sampling import processed_probs
 from tests.tiny import tiny_drafter, tiny_target
 
 V, N_TOKENS, PROMPT = 3, 4, [1, 0, 1]

@@ -16,10 +16,17 @@ import torch
 from dflash_zoo.adapters import get_adapter
 
 from dflash_zoo.api import Pipeline
-from dflash_zoo.blocks import block_loss, default_gamma, loss_weights, make_batch, make_blocks, sample_anchors
-from dflash_zoo.checkpoint import load_drafter
-from dflash_zoo.data import DataError, Record, read_jsonl, regenerate
-from dflash_zoo.train import STATE_FILE, TrainConfig, build_draft_config, new_drafter, train
+from dflash_zoo.engine.checkpoint import load_drafter
+from dflash_zoo.training.blocks import (
+    block_loss,
+    default_gamma,
+    loss_weights,
+    make_batch,
+    make_blocks,
+    sample_anchors,
+)
+from dflash_zoo.training.data import DataError, Record, read_jsonl, regenerate
+from dflash_zoo.training.train import STATE_FILE, TrainConfig, build_draft_config, new_drafter, train
 from tests.tiny import VOCAB, tiny_target, tiny_tokenizer
 
 MASK = VOCAB - 1

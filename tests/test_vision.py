@@ -7,10 +7,10 @@ import pytest
 import torch
 from dflash_zoo.adapters import get_adapter
 
-from dflash_zoo.decode import SpeculativeDecoder
+from dflash_zoo.engine.decode import SpeculativeDecoder
+from dflash_zoo.engine.results import GenerationConfig
+from dflash_zoo.engine.vision import image_prompt_inputs, require_image_support
 from dflash_zoo.errors import ConfigError, NotFoundError, UnsupportedModelError
-from dflash_zoo.results import GenerationConfig
-from dflash_zoo.vision import image_prompt_inputs, require_image_support
 from tests.oracles import OracleDecoder, greedy_reference
 from tests.tiny import tiny_drafter, tiny_target
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from dflash_zoo.config import default_target_layer_ids, normalize_draft_config
-from dflash_zoo.drafter import DFlashDrafter
+from dflash_zoo.engine.config import default_target_layer_ids, normalize_draft_config
+from dflash_zoo.engine.drafter import DFlashDrafter
 
 VOCAB, HIDDEN = 256, 64
 LM_SCALE = 8.0  # tiny LM heads are scaled up so greedy argmax has no near-ties
@@ -120,7 +120,7 @@ def tiny_tokenizer():
 
 def save_tiny_pair(root, model_type: str = "qwen3", block_size: int = 8):
     """Write a tiny target (with tokenizer) and a random drafter as local directories; returns both paths."""
-    from dflash_zoo.checkpoint import save_drafter
+    from dflash_zoo.engine.checkpoint import save_drafter
 
     target = tiny_target(model_type)
     target_dir, draft_dir = root / "target", root / "draft"

@@ -1,4 +1,4 @@
-"""`bench`: a thin click wrapper over `dflash_zoo.bench` (data on stdout, progress on stderr)."""
+"""`bench`: a thin click wrapper over `dflash_zoo.bench.runner` (data on stdout, progress on stderr)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from ..output import emit_json, info, stdout, table
-from .run import devices_option
+from dflash_zoo.commands.run import devices_option
+from dflash_zoo.output import emit_json, info, stdout, table
 
 EXAMPLES = """
 \b
@@ -75,9 +75,9 @@ Environment: DFLASH_ZOO_HOME (results go to $DFLASH_ZOO_HOME/bench/), HF_HOME, H
 def bench(entry, target, draft, shape, dtype, device, devices, paths, out, as_json, compile_steps, **kw):
     """Autoregressive vs DFlash speed on one target and prompt, with a provenance record."""
 
-    from .. import bench as B
-    from .. import benchmeta
-    from ..api import parse_dtype, resolve_devices
+    from dflash_zoo.api import parse_dtype, resolve_devices
+    from dflash_zoo.bench import meta as benchmeta
+    from dflash_zoo.bench import runner as B
 
     if shape and (entry or target or draft):
         raise click.UsageError("--shape builds a random target; do not combine it with a model")
@@ -100,7 +100,7 @@ def bench(entry, target, draft, shape, dtype, device, devices, paths, out, as_js
     else:
         sub = B.pair_subject(entry or target, draft, device, torch_dtype, opts, devices)
     if not paths:
-        from ..fast import unsupported_reason
+        from dflash_zoo.cuda.fast import unsupported_reason
 
         graphs = opts.graphs if opts.graphs is not None else str(device).startswith("cuda")
         reason = "split target" if sub.placement else unsupported_reason(sub.adapter, graphs=graphs)

@@ -1,4 +1,4 @@
-"""`pull`, `rm`, `env`, `serve`: thin click wrappers over `dflash_zoo.hub` and `dflash_zoo.serve`.
+"""`pull`, `rm`, `env`, `serve`: thin click wrappers over `dflash_zoo.zoo.hub` and `dflash_zoo.zoo.serve`.
 
 IDs are registry entries (slug, alias or repo id) or plain Hub repo ids. Data goes to stdout (paths, tables,
 JSON); progress, sizes and hints go to stderr. Torch is imported only by `env`, lazily.
@@ -15,9 +15,9 @@ from typing import Any
 
 import click
 
-from .. import hub
-from ..errors import NotFoundError, UnsupportedModelError
-from ..output import emit_json, hint, human_size, info, stdout, table
+from dflash_zoo.errors import NotFoundError, UnsupportedModelError
+from dflash_zoo.output import emit_json, hint, human_size, info, stdout, table
+from dflash_zoo.zoo import hub
 
 HUB_ENV = """
 \b
@@ -44,7 +44,7 @@ class Ref:
 def resolve(name: str) -> Ref:
     """Registry entry first (slug, alias, repo id); else an `org/name` Hub id; else the registry's NotFoundError."""
     try:
-        from ..registry import load_registry
+        from dflash_zoo.zoo.registry import load_registry
     except ImportError:  # registry module absent in this build: plain repo ids only
         load_registry = None
     if load_registry is not None:
@@ -106,7 +106,7 @@ def pull(model_id, with_target, revision, dry_run, offline, quiet, as_json):
     progress = not (quiet or as_json) and sys.stderr.isatty()
     results = [hub.download(plan, progress=progress) for plan in plans]
     if ref.entry is not None:
-        from ..registry import write_lock
+        from dflash_zoo.zoo.registry import write_lock
 
         write_lock(ref.entry.slug, ref.repo_id, jobs[0][1] or "main", results[0].commit)
     _show_results(plans, results, as_json, quiet)
@@ -258,11 +258,9 @@ def _torch_report() -> dict[str, Any]:
     return {"torch": torch.__version__, "cuda": torch.version.cuda if cuda else None, "gpus": gpus}
 
 
-def _zoo_home() -> str | None:
-    try:
-        from ..registry import zoo_home
-    except ImportError:
-        return os.environ.get("DFLASH_ZOO_HOME")
+def _zoo_home() -> str:
+    from dflash_zoo.paths import zoo_home
+
     return str(zoo_home())
 
 
@@ -285,7 +283,7 @@ def serve(model_id, engine, target, port, dry_run, as_json, extra):
       dflash-zoo serve qwen3-8b --engine vllm -- --max-model-len 8192
       dflash-zoo serve z-lab/Qwen3-8B-DFlash-b16 --engine vllm --target Qwen/Qwen3-8B --dry-run
     """
-    from .. import serve as sv
+    from dflash_zoo.zoo import serve as sv
 
     spec = _serve_spec(resolve(model_id), target, port, extra)
     argv = sv.build_command(engine, spec, python=sys.executable)
@@ -303,7 +301,7 @@ def serve(model_id, engine, target, port, dry_run, as_json, extra):
 
 def _serve_spec(ref: Ref, target: str | None, port: int | None, extra: tuple[str, ...]):
     """Check the pair and gather target, draft, block size; a plain repo id only warns (no registry check)."""
-    from ..serve import ServeSpec
+    from dflash_zoo.zoo.serve import ServeSpec
 
     entry = ref.entry
     if entry is not None:
@@ -321,6 +319,6 @@ def _serve_spec(ref: Ref, target: str | None, port: int | None, extra: tuple[str
 
 def _config_block_size(repo_id: str, revision: str | None) -> int:
     """Block size from the drafter's config.json (fetched alone, or read from the cache when offline)."""
-    from ..config import load_draft_config
+    from dflash_zoo.engine.config import load_draft_config
 
     return load_draft_config(hub.snapshot(repo_id, revision, allow_patterns=["config.json"])).block_size

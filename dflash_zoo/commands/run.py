@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..output import emit_json, hint, stderr
+from dflash_zoo.output import emit_json, hint, stderr
 
 ENV = """
 \b
@@ -90,7 +90,7 @@ def decoding_options(f):
 def load_pipeline(target, draft, device, dtype, revision, draft_revision, devices=None, compile_steps=False):
     import transformers
 
-    from ..api import load
+    from dflash_zoo.api import load
 
     transformers.utils.logging.disable_progress_bar()  # our own spinner says what is happening
 
@@ -204,11 +204,11 @@ def pull_missing(name: str) -> None:
     """For a registry id: show what is missing (size) and download it, drafter first, before loading."""
     import os
 
-    from .. import hub
-    from ..api import TARGET_FILES, locked_revision
-    from ..checkpoint import DRAFT_FILES
-    from ..output import human_size
-    from ..registry import load_registry
+    from dflash_zoo.api import TARGET_FILES, locked_revision
+    from dflash_zoo.engine.checkpoint import DRAFT_FILES
+    from dflash_zoo.output import human_size
+    from dflash_zoo.zoo import hub
+    from dflash_zoo.zoo.registry import load_registry
 
     if os.path.isdir(name):
         return
@@ -287,14 +287,14 @@ class ChatSession:
         stderr().print(f"[dim]{key} = {value}[/dim]")
 
     def answer(self, text: str) -> None:
-        from ..errors import ZooError
+        from dflash_zoo.errors import ZooError
 
         self.messages.append({"role": "user", "content": text})
         prompt = text if self.raw else self.messages
         if self.images:  # image prompts go through the processor: earlier turns are flattened into the text
             prompt = "".join(f"{m['role']}: {m['content']}\n" for m in self.messages[:-1]) + text
         dec = self.pipe.decoder(prompt, self.raw, images=self.images or None, **self.settings)
-        from ..api import TextStream
+        from dflash_zoo.api import TextStream
 
         stream, reply = TextStream(self.pipe.tokenizer), []
         try:

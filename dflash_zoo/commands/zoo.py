@@ -1,6 +1,6 @@
 """`list` / `ls`, `info` / `show` and `check`: registry and compatibility commands (torch-free).
 
-Thin click layer over `dflash_zoo.registry` and `dflash_zoo.check`. Data goes to stdout (rich tables, or one
+Thin click layer over `dflash_zoo.zoo.registry` and `dflash_zoo.zoo.check`. Data goes to stdout (rich tables, or one
 JSON document with `--json`); hints go to stderr. Errors are `ZooError`s mapped by `cli.main`; bad flags are
 `click.UsageError` (exit 2). `check` exits 3 through `sys.exit` when the pair is incompatible, so the code
 survives `cli.main`'s non-standalone click call.
@@ -17,8 +17,8 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from .. import output
-from ..registry import Entry, load_registry, lock_path, read_lock
+from dflash_zoo import output
+from dflash_zoo.zoo.registry import Entry, load_registry, lock_path, read_lock
 
 _ENV_COMMON = """
 \b
@@ -35,7 +35,7 @@ _STATUS_STYLE = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red"}
 
 def is_installed(repo_id: str) -> bool:
     """True when `repo_id` has at least one snapshot in the HF cache; False when the cache is absent."""
-    from ..hub import repo_cache_dir
+    from dflash_zoo.zoo.hub import repo_cache_dir
 
     snapshots = repo_cache_dir(repo_id) / "snapshots"
     try:
@@ -131,8 +131,8 @@ def info(name: str, as_json: bool) -> None:
 
     NAME is an id, an alias, or an exact target, draft or variant repo id.
     """
-    from ..adapters import find_adapter
-    from ..hub import hub_cache_dir, repo_cache_dir
+    from dflash_zoo.adapters import find_adapter
+    from dflash_zoo.zoo.hub import hub_cache_dir, repo_cache_dir
 
     entry = load_registry().resolve(name)
     cls = find_adapter(entry.adapter)
@@ -231,7 +231,7 @@ def check(
     target: str, draft: str | None, config: str | None, draft_config: str | None, offline: bool, as_json: bool
 ) -> None:
     """Is a target / drafter pair compatible? Reads configs only (no weights, no torch)."""
-    from ..check import check_pair
+    from dflash_zoo.zoo.check import check_pair
 
     report = check_pair(target, draft, config, draft_config, offline=True if offline else None)
     if as_json:

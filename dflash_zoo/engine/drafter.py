@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import DraftConfig
-from .rope import RotaryEmbedding, apply_rotary
+from dflash_zoo.engine.config import DraftConfig
+from dflash_zoo.engine.rope import RotaryEmbedding, apply_rotary
 
 _ACTS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
@@ -165,7 +165,7 @@ class DraftKV:
 
 
 class DFlashDrafter(nn.Module):
-    """A DFlash draft model. Build with a `DraftConfig`; load with `dflash_zoo.checkpoint.load_drafter`."""
+    """A DFlash draft model. Build with a `DraftConfig`; load with `dflash_zoo.engine.checkpoint.load_drafter`."""
 
     def __init__(self, cfg: DraftConfig):
         super().__init__()

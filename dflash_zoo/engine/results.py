@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from .errors import InvalidArgumentError
+from dflash_zoo.errors import InvalidArgumentError
 
 GREEDY_RULE = "greedy-match"
 SAMPLING_RULE = "speculative-sampling (p/q rejection, Leviathan et al. 2023)"

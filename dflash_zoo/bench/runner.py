@@ -22,9 +22,10 @@ from typing import Any
 
 import torch
 
-from . import benchmeta, kernels
-from .decode import SpeculativeDecoder, autoregressive_generate
-from .results import GenerationConfig, GenerationResult
+from dflash_zoo.bench import meta as benchmeta
+from dflash_zoo.cuda import kernels
+from dflash_zoo.engine.decode import SpeculativeDecoder, autoregressive_generate
+from dflash_zoo.engine.results import GenerationConfig, GenerationResult
 
 log = logging.getLogger("dflash_zoo")
 SCHEMA = "dflash-zoo.bench/1"
@@ -137,7 +138,7 @@ def shape_target(s: Shape, device: str, dtype: torch.dtype, max_positions: int =
     """A random-weight transformers model of shape `s`, built directly on `device` (no download)."""
     import transformers
 
-    from .adapters import get_adapter
+    from dflash_zoo.adapters import get_adapter
 
     kw = dict(
         vocab_size=s.vocab,
@@ -168,14 +169,14 @@ def random_subject(
     initialised on its planned device (`placement.materialise`), so it never sits whole on one; the drafter
     goes on the head's device.
     """
-    from .adapters import get_adapter
+    from dflash_zoo.adapters import get_adapter
 
     s = SHAPES[name]
     torch.manual_seed(opts.seed)
     positions = max(40960, opts.prompt_tokens + opts.new_tokens + 64)
     placement = None
     if devices:
-        from .placement import apply_placement, materialise, module_bytes, plan_placement
+        from dflash_zoo.cuda.placement import apply_placement, materialise, module_bytes, plan_placement
 
         model = shape_target(s, "meta", dtype, positions)
         adapter = get_adapter(s.model_type)(model)
@@ -201,8 +202,8 @@ def random_subject(
 
 def _random_drafter(s: Shape, device: str, dtype: torch.dtype) -> Any:
     """A random DFlash drafter for shape `s` (families.md §2 sizes for the 8B-class hidden sizes)."""
-    from .config import default_target_layer_ids, normalize_draft_config
-    from .drafter import DFlashDrafter
+    from dflash_zoo.engine.config import default_target_layer_ids, normalize_draft_config
+    from dflash_zoo.engine.drafter import DFlashDrafter
 
     taps = default_target_layer_ids(s.layers, s.draft_taps)
     draft = normalize_draft_config(
@@ -242,7 +243,7 @@ def pair_subject(
 
     devices: split the target over these devices ("cuda:0,cuda:1" / "auto"; api.load's `device_map`).
     """
-    from .api import load
+    from dflash_zoo.api import load
 
     pipe = load(target, draft, device=None if devices else device, dtype=dtype, device_map=devices)
     prompt = benchmeta.text_prompt(
@@ -298,7 +299,7 @@ def _runners(path: str, sub: Subject, cfg: GenerationConfig, override, max_len: 
             return dec.result
 
         return (lambda: autoregressive_generate(sub.adapter, sub.prompt, cfg, dev)), spec, None
-    from .fast import FastEngine
+    from dflash_zoo.cuda.fast import FastEngine
 
     eng = FastEngine(
         sub.adapter,

@@ -32,10 +32,16 @@ from typing import Any
 
 import torch
 
-from . import kernels
-from .decode import AcceptOverride, _truncate
-from .results import GREEDY_RULE, GenerationConfig, GenerationResult, StepRecord
-from .static import BLOCK_ATTENTION, DECODE_ATTENTION, StaticDrafter, StaticTarget, unsupported_reason
+from dflash_zoo.cuda import kernels
+from dflash_zoo.cuda.static import (
+    BLOCK_ATTENTION,
+    DECODE_ATTENTION,
+    StaticDrafter,
+    StaticTarget,
+    unsupported_reason,
+)
+from dflash_zoo.engine.decode import AcceptOverride, _truncate
+from dflash_zoo.engine.results import GREEDY_RULE, GenerationConfig, GenerationResult, StepRecord
 
 log = logging.getLogger("dflash_zoo")
 # inductor settings of compiled steps: with coordinate descent tuning, inductor lowers batch-1 matmuls (every

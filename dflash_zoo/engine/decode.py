@@ -18,9 +18,15 @@ from typing import Any
 
 import torch
 
-from .drafter import DFlashDrafter, DraftKV, Span
-from .results import GREEDY_RULE, SAMPLING_RULE, GenerationConfig, GenerationResult, StepRecord
-from .sampling import accept_greedy, accept_rejection, processed_probs, sample
+from dflash_zoo.engine.drafter import DFlashDrafter, DraftKV, Span
+from dflash_zoo.engine.results import (
+    GREEDY_RULE,
+    SAMPLING_RULE,
+    GenerationConfig,
+    GenerationResult,
+    StepRecord,
+)
+from dflash_zoo.engine.sampling import accept_greedy, accept_rejection, processed_probs, sample
 
 # Optional override of the accept decision: (step index, proposed drafts) -> forced accepted count.
 # Used by `bench --what-if-acceptance`; None means the real acceptance rule.

@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused_ops, kernels
-from .results import GenerationConfig
-from .rope import apply_rotary
+from dflash_zoo.cuda import fused_ops, kernels
+from dflash_zoo.engine.results import GenerationConfig
+from dflash_zoo.engine.rope import apply_rotary
 
 
 def unsupported_reason(adapter: Any, cfg: GenerationConfig | None = None, graphs: bool = False) -> str | None:

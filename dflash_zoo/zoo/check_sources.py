@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .adapters import find_adapter
-from .adapters.base import TargetAdapter
-from .config import FULL, DraftConfig, RopeSpec, normalize_draft_config
-from .errors import ConfigError, InvalidArgumentError, NotFoundError, OfflineError, ZooError
-from .registry import Entry, Registry, TargetFingerprint, read_lock
+from dflash_zoo.adapters import find_adapter
+from dflash_zoo.adapters.base import TargetAdapter
+from dflash_zoo.engine.config import FULL, DraftConfig, RopeSpec, normalize_draft_config
+from dflash_zoo.errors import ConfigError, InvalidArgumentError, NotFoundError, OfflineError, ZooError
+from dflash_zoo.zoo.registry import Entry, Registry, TargetFingerprint, read_lock
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -156,7 +156,7 @@ def _local_config(name: str | None) -> Path | None:
 def _cached_config(repo: str, revision: str | None) -> Path | None:
     from huggingface_hub import try_to_load_from_cache
 
-    from . import hub
+    from dflash_zoo.zoo import hub
 
     try:
         found = try_to_load_from_cache(repo, "config.json", cache_dir=hub.hub_cache_dir(), revision=revision)
@@ -169,7 +169,7 @@ def _hub_config(repo: str, revision: str | None) -> Path:
     """Download only `config.json` into the HF cache; hub errors become ZooErrors with a next step."""
     from huggingface_hub import hf_hub_download
 
-    from . import hub
+    from dflash_zoo.zoo import hub
 
     with hub.hub_errors(repo, revision, offline=False):
         path = hf_hub_download(

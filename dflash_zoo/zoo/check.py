@@ -19,11 +19,18 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .adapters import canonical_model_type, supported_model_types
-from .adapters.base import Problem, TargetAdapter
-from .check_sources import Side, resolve_draft, resolve_target
-from .config import DraftConfig
-from .registry import DraftFingerprint, Entry, Registry, TargetFingerprint, load_registry, read_lock
+from dflash_zoo.adapters import canonical_model_type, supported_model_types
+from dflash_zoo.adapters.base import Problem, TargetAdapter
+from dflash_zoo.engine.config import DraftConfig
+from dflash_zoo.zoo.check_sources import Side, resolve_draft, resolve_target
+from dflash_zoo.zoo.registry import (
+    DraftFingerprint,
+    Entry,
+    Registry,
+    TargetFingerprint,
+    load_registry,
+    read_lock,
+)
 
 _FIELD_ROWS = {"hidden_size": "hidden size", "taps": "taps", "num_target_layers": "taps"}
 _FIELD_ROWS.update({"mask_token_id": "mask id", "vocab_size": "vocab"})
@@ -73,7 +80,7 @@ def check_pair(
         NotFoundError / OfflineError / ConfigError: a config cannot be found or read (exit 1).
         InvalidArgumentError: `target` names a drafter (exit 2).
     """
-    from . import hub
+    from dflash_zoo.zoo import hub
 
     reg = registry or load_registry()
     offline = hub.is_offline() if offline is None else offline

@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from .kernels import _pow2
+from dflash_zoo.cuda.kernels import _pow2
 
 
 @functools.cache

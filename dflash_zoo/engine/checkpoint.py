@@ -19,9 +19,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .config import DraftConfig, load_draft_config
-from .drafter import DFlashDrafter
-from .errors import CheckpointError, NotFoundError
+from dflash_zoo.engine.config import DraftConfig, load_draft_config
+from dflash_zoo.engine.drafter import DFlashDrafter
+from dflash_zoo.errors import CheckpointError, NotFoundError
 
 log = logging.getLogger("dflash_zoo")
 
@@ -40,7 +40,7 @@ def resolve_dir(
         raise NotFoundError(
             f"{text} is neither a local directory nor a Hub repo id", hint="check the path or id"
         )
-    from .hub import snapshot
+    from dflash_zoo.zoo.hub import snapshot
 
     return snapshot(text, revision=revision, allow_patterns=patterns or DRAFT_FILES)
 

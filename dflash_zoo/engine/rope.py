@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .config import RopeSpec
+from dflash_zoo.engine.config import RopeSpec
 
 
 def inverse_frequencies(

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
+from dflash_zoo.errors import ConfigError
 
 STATUSES = ("supported", "preview", "unsupported-here")
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9._:-]*$")

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError, UnsupportedModelError
+from dflash_zoo.errors import ConfigError, UnsupportedModelError
 
 log = logging.getLogger("dflash_zoo")
 NORM_ATTR = "norm"  # every supported family keeps its final norm next to its layers, as `<parent>.norm`

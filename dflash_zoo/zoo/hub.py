@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import NotFoundError, OfflineError, ZooError
+from dflash_zoo.errors import NotFoundError, OfflineError, ZooError
 
 log = logging.getLogger("dflash_zoo")
 DEFAULT_ENDPOINT = "https://huggingface.co"

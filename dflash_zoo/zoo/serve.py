@@ -18,7 +18,7 @@ import json
 import shutil
 from dataclasses import dataclass, field
 
-from .errors import InvalidArgumentError, ZooError
+from dflash_zoo.errors import InvalidArgumentError, ZooError
 
 ENGINES = ("vllm", "sglang")
 SGLANG_MODULE = "sglang.launch_server"

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from .drafter import Span
+from dflash_zoo.engine.drafter import Span
 
 if TYPE_CHECKING:
-    from .data import Example
+    from dflash_zoo.training.data import Example
 
 
 def default_gamma(block_size: int) -> float:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .results import GenerationResult
+from dflash_zoo.engine.results import GenerationResult
 
 log = logging.getLogger("dflash_zoo")
 
@@ -142,10 +142,10 @@ def load_prompts(
     path: str, tokenizer: Any, raw: bool, chat_kwargs: dict, prompt_tokens: int, limit: int | None
 ) -> list[list[int]]:
     """Prompt token ids for every record of a JSONL file (see `data.prompt_ids`)."""
-    from .data import prompt_ids, read_jsonl
+    from dflash_zoo.training.data import prompt_ids, read_jsonl
 
     if tokenizer is None:
-        from .data import DataError
+        from dflash_zoo.training.data import DataError
 
         raise DataError("the target has no tokenizer; eval needs one to read text prompts")
     return [prompt_ids(r, tokenizer, raw, chat_kwargs, prompt_tokens) for r in read_jsonl(path, limit)]

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from dflash_zoo.errors import ConfigError
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")

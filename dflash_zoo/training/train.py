@@ -32,12 +32,19 @@ from typing import Any
 import torch
 from rich.progress import Progress, TextColumn
 
-from .blocks import block_loss, loss_weights, lr_factor, make_batch, sample_anchors, target_features
-from .checkpoint import load_drafter, save_drafter
-from .config import DraftConfig, default_target_layer_ids, normalize_draft_config
-from .data import Example
-from .drafter import DFlashDrafter
-from .errors import ConfigError
+from dflash_zoo.engine.checkpoint import load_drafter, save_drafter
+from dflash_zoo.engine.config import DraftConfig, default_target_layer_ids, normalize_draft_config
+from dflash_zoo.engine.drafter import DFlashDrafter
+from dflash_zoo.errors import ConfigError
+from dflash_zoo.training.blocks import (
+    block_loss,
+    loss_weights,
+    lr_factor,
+    make_batch,
+    sample_anchors,
+    target_features,
+)
+from dflash_zoo.training.data import Example
 
 log = logging.getLogger("dflash_zoo")
 STATE_FILE = "trainer_state.pt"
@@ -179,7 +186,7 @@ class _Trainer:
     def __init__(
         self, cfg: TrainConfig, model: Any, drafter: DFlashDrafter, examples: list[Example], device: Any
     ):
-        from .adapters import get_adapter
+        from dflash_zoo.adapters import get_adapter
 
         self.cfg, self.model, self.device = cfg, model, torch.device(device)
         self.adapter = get_adapter(model.config.model_type)(model)
@@ -280,7 +287,7 @@ def train(
     Returns:
         A `TrainResult` (steps, last loss / tau estimate, wall time, tokens/s, history).
     """
-    from .output import stderr
+    from dflash_zoo.output import stderr
 
     model.requires_grad_(False)
     out, ckpt = Path(cfg.out), Path(f"{cfg.out}-checkpoint")

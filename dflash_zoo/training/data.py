@@ -12,7 +12,7 @@ A malformed line raises `DataError` naming the file and line number.
 
 `regenerate` replaces responses with the target's own (greedy or sampled, batched with left padding), the
 DFlash recipe (paper §4.2: the drafter learns the target's distribution). Results are cached on disk under
-`$DFLASH_ZOO_HOME/regen` (default `~/.cache/dflash_zoo/regen`), keyed by a hash of target, data and settings.
+`$DFLASH_ZOO_HOME/regen` (default `~/.cache/dflash-zoo/regen`), keyed by a hash of target, data and settings.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ZooError
+from dflash_zoo.errors import ZooError
 
 log = logging.getLogger("dflash_zoo")
 
@@ -153,13 +153,6 @@ def tokenize_records(
     if not out:
         raise DataError("no usable training examples", hint="prompt-only data needs --regenerate")
     return out
-
-
-def zoo_home() -> Path:
-    """`$DFLASH_ZOO_HOME`, else `$XDG_CACHE_HOME/dflash_zoo`, else `~/.cache/dflash_zoo`."""
-    if os.environ.get("DFLASH_ZOO_HOME"):
-        return Path(os.environ["DFLASH_ZOO_HOME"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dflash_zoo"
 
 
 def regen_key(target_id: str, data_path: str | os.PathLike, settings: dict) -> str:

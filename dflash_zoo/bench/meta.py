@@ -42,7 +42,7 @@ def registry_entry(name: str | None) -> dict[str, Any] | None:
     if not name or Path(name).expanduser().exists():
         return None
     try:
-        from .registry import load_registry
+        from dflash_zoo.zoo.registry import load_registry
 
         found = load_registry().lookup(name)
     except Exception:  # a bench of a plain Hub id must not fail on registry problems
@@ -171,8 +171,8 @@ def provenance(argv: list[str], device: torch.device) -> dict[str, Any]:
 
 
 def default_out(name: str) -> Path:
-    """`$DFLASH_ZOO_HOME/bench/<utc time>-<name>.json` (home as `registry.zoo_home`)."""
-    from .registry import zoo_home
+    """`$DFLASH_ZOO_HOME/bench/<utc time>-<name>.json` (`paths.zoo_home`)."""
+    from dflash_zoo.paths import zoo_home
 
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in name)

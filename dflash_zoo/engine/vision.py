@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, NotFoundError, UnsupportedModelError
+from dflash_zoo.errors import ConfigError, NotFoundError, UnsupportedModelError
 
 if TYPE_CHECKING:
     import torch

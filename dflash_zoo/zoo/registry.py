@@ -29,8 +29,9 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, NotFoundError
-from .registry_schema import STATUSES, parse_document  # noqa: F401  (STATUSES re-exported)
+from dflash_zoo.errors import ConfigError, NotFoundError
+from dflash_zoo.paths import zoo_home
+from dflash_zoo.zoo.schema import STATUSES, parse_document  # noqa: F401  (STATUSES re-exported)
 
 log = logging.getLogger("dflash_zoo")
 
@@ -238,15 +239,6 @@ def _apply_adapter_rule(entry: Entry) -> Entry:
 
 
 # ---- zoo state -------------------------------------------------------------------------------------
-
-
-def zoo_home() -> Path:
-    """`$DFLASH_ZOO_HOME`, else `$XDG_CACHE_HOME/dflash-zoo`, else `~/.cache/dflash-zoo` (not created)."""
-    env = os.environ.get("DFLASH_ZOO_HOME")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg).expanduser() / "dflash-zoo"
 
 
 def lock_path() -> Path:
