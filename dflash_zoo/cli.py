@@ -25,7 +25,7 @@ COMMANDS = {
     "pull": "dflash_zoo.commands.hubcmds:pull",
     "rm": "dflash_zoo.commands.hubcmds:rm",
     "env": "dflash_zoo.commands.hubcmds:env",
-    "serve": "dflash_zoo.commands.hubcmds:serve",
+    "serve": "dflash_zoo.commands.serve:serve",
     "train": "dflash_zoo.commands.train:train",
     "eval": "dflash_zoo.commands.train:eval_cmd",
     "bench": "dflash_zoo.commands.bench:bench",

@@ -261,6 +261,24 @@ def read_lock() -> dict:
     return data
 
 
+@dataclass(frozen=True)
+class Pins:
+    """The commits `pull` recorded for an entry: the drafter's (and the target's, once pulled), else None."""
+
+    draft: str | None = None
+    target: str | None = None
+
+
+def read_pins(entry: Entry) -> Pins:
+    """Pins of `entry` from the lock file; a pin recorded for another repo (the entry changed) is ignored."""
+    rec = read_lock().get(entry.slug) or {}
+    draft = rec.get("draft_commit") or rec.get("commit")  # "commit": lock files written before target pins
+    return Pins(
+        draft=draft if rec.get("draft_repo") == entry.draft_repo else None,
+        target=rec.get("target_commit") if rec.get("target_repo") == entry.target_repo else None,
+    )
+
+
 def write_lock(slug: str, draft_repo: str, requested_revision: str, commit: str) -> None:
     """Record (or replace) the pinned commit of `slug`; written to a temp file, then `os.replace`d."""
     data = read_lock()
