@@ -1,7 +1,7 @@
 """Shared machinery for hybrid Gated-DeltaNet targets (Qwen3.5/3.6, Qwen3-Coder-Next); see docs/hybrid-rollback.md.
 
 `Cache.crop` trims a linear layer's recorded conv window but cannot rewind its recurrent (delta-rule) state
-(transformers-5x.md §4). Two exact rollbacks, chosen per adapter instance:
+(docs/compat.md §3). Two exact rollbacks, chosen per adapter instance:
 - "replay": restore the pre-verify linear states, crop the whole block, run the committed inputs again;
 - "recompute" (default): forward hooks on each GDN module's input projections keep the verify's conv input and
   decay/beta logits; `crop` fixes attention KV and conv windows, and the recurrent state is recomputed from the

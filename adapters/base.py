@@ -9,7 +9,8 @@ An adapter owns everything family-specific about a loaded Hugging Face target:
   `output_hidden_states=True`, which materialises every layer at prefill);
 - the cache: `new_cache`, `start_decoding` (after prefill), `snapshot` (before verify) and `rollback`
   (after a partial accept), with `cache_strategy` naming the approach for `check`;
-- `validate(target_config, draft_config)`: problems found from configs alone, for `check`.
+- `validate(target_config, draft_config)`: problems found from configs alone, for `check`;
+- `static_layout`: the module names the static fast path runs the decoder from (`StaticLayout`), or None.
 
 This module must not import torch at import time (`check` and `list` run without it).
 """
@@ -35,6 +36,73 @@ class Problem:
     severity: str
     code: str
     message: str
+
+
+# ---- the static fast path's view of a decoder (cuda/static.py) --------------------------------------------
+# Module names are attribute paths: per-layer names from a decoder layer (or from its attention / MLP module),
+# model-wide ones from the loaded model, like `layers_path`. Config keys are read from the text config.
+# New families extend these by adding fields whose defaults keep the families declared so far unchanged.
+@dataclass(frozen=True)
+class StaticAttention:
+    """Self-attention: q/k/v/o projections (nn.Linear), optional per-head RMSNorms on q and k before rotary."""
+
+    path: str = "self_attn"  # from the decoder layer
+    q_proj: str = "q_proj"  # the rest from the attention module
+    k_proj: str = "k_proj"
+    v_proj: str = "v_proj"
+    o_proj: str = "o_proj"
+    q_norm: str | None = None  # Qwen3 names "q_norm" / "k_norm"; None: no q/k norm (Llama)
+    k_norm: str | None = None
+    head_dim: str = "head_dim"  # attributes of the attention module (ints / floats, read once)
+    scaling: str = "scaling"  # the softmax scale
+
+    def __post_init__(self) -> None:
+        if (self.q_norm is None) != (self.k_norm is None):  # the fused kernel normalises both or neither
+            raise ValueError("StaticAttention: declare q_norm and k_norm together, or neither")
+
+
+@dataclass(frozen=True)
+class GatedMLP:
+    """A dense gated MLP, `down(act(gate(x)) * up(x))`, its three projections nn.Linear."""
+
+    gate_proj: str = "gate_proj"  # from the layer's MLP module
+    up_proj: str = "up_proj"
+    down_proj: str = "down_proj"
+    act_fn: str = "act_fn"  # the module's activation, called as is off the fused kernels
+    activation: str = "hidden_act"  # config key naming it: "silu" / "swish" allow the fused SiLU kernels
+
+
+@dataclass(frozen=True)
+class SparseMoE:
+    """A sparse MoE block, run as the family's own module (router, experts, shared experts inside it)."""
+
+    experts: str = "experts"  # the child that marks a layer's MLP module as this block
+    # config attribute naming transformers' experts implementation (`integrations/moe.py`): the static engine
+    # reads it to tell whether a step would sync with the host, so whether it can be a CUDA graph
+    implementation: str = "_experts_implementation"
+
+
+@dataclass(frozen=True)
+class StaticLayout:
+    """Everything the static engine takes from a target's modules and config; the defaults are Llama's.
+
+    The final norm is the adapter's (`final_norm_path`, shared with multi-device placement); embeddings and
+    the head go through `embed` / `logits`; kv / attention heads and hidden size are the standard config keys.
+    """
+
+    attention: StaticAttention = StaticAttention()
+    mlp_path: str = "mlp"  # from the decoder layer
+    mlp: GatedMLP | None = GatedMLP()  # how dense layers run; None: the family has no dense MLP layers
+    moe: SparseMoE | None = None  # how sparse layers run; None: every layer must be a gated dense MLP
+    input_norm: str = "input_layernorm"  # RMSNorms of the decoder layer (HF's formula: weight * normed x)
+    post_attention_norm: str = "post_attention_layernorm"
+    norm_eps: str = "rms_norm_eps"  # config key of every RMSNorm's epsilon
+    rotary_emb: str = "model.rotary_emb"  # from the model: called (x, position_ids) -> (cos, sin)
+    layer_types: tuple[str, ...] = ("full_attention",)  # config `layer_types` values the engine can run
+
+    def __post_init__(self) -> None:
+        if self.mlp is None and self.moe is None:
+            raise ValueError("StaticLayout: declare mlp, moe or both")
 
 
 class TapRecorder:
@@ -87,9 +155,9 @@ class TargetAdapter:
     min_transformers: ClassVar[str] = "5.17.0"
     chat_template_kwargs: ClassVar[dict[str, Any]] = {}
     auto_class: ClassVar[str] = "AutoModelForCausalLM"  # transformers auto class that loads the target
-    # The static CUDA fast path (static.py) rebuilds a dense Qwen3/Llama-style decoder from the HF modules:
-    # None = not supported; True/False = whether attention has per-head q_norm / k_norm.
-    static_qk_norm: ClassVar[bool | None] = None
+    norm_path: ClassVar[str | None] = None  # the final norm; None: `norm` next to the layers (`model.norm`)
+    # what the static fast path (cuda/static.py) runs the decoder from; None: no fast path (the eager loop)
+    static_layout: ClassVar[StaticLayout | None] = None
     extra_stop_token_ids: ClassVar[tuple[int, ...]] = ()  # family stop ids beyond the generation config's eos
     accepts_images: ClassVar[bool] = False  # VLM wrappers: `generate --image` feeds pixels at prefill only
     notes: ClassVar[str] = ""
@@ -134,7 +202,7 @@ class TargetAdapter:
                     "draft config has no mask_token_id; the tokenizer's <|MASK|> is used",
                 )
             )
-        elif vocab is not None and draft.mask_token_id >= vocab:
+        elif vocab is not None and not 0 <= draft.mask_token_id < vocab:
             problems.append(
                 Problem(
                     "FAIL",
@@ -171,6 +239,12 @@ class TargetAdapter:
 
     def layers(self) -> Any:
         return operator.attrgetter(self.layers_path)(self.model)
+
+    @classmethod
+    def final_norm_path(cls) -> str:
+        """Where the final norm lives in the model (`norm_path`, else `norm` next to the layers)."""
+        parent = cls.layers_path.rpartition(".")[0]
+        return cls.norm_path or (f"{parent}.norm" if parent else "norm")
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """[B, T] -> [B, T, H]: exactly what decoder layer 0 receives."""

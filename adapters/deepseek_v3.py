@@ -8,7 +8,7 @@ Quirks:
 - MoE after the first `first_k_dense_replace` dense layers: routed experts (grouped top-k) plus shared
   experts; decoder layers still return the residual stream;
 - yarn rope with `mscale` / `mscale_all_dim`: the drafter copies the target's rope, so both must be honoured
-  by the drafter's rope (dflash_zoo/rope.py), not here.
+  by the drafter's rope (dflash_zoo/engine/rope.py), not here.
 """
 
 from __future__ import annotations

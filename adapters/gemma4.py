@@ -6,7 +6,7 @@ Quirks (on top of `gemma4_text`, whose embed scale, soft-cap, sliding and KV-sha
 - the head is tied to the scaled embedding table (`lm_head.weight` is `embed_tokens.weight`; the sqrt(H)
   scale applies to inputs only);
 - images (`accepts_images`): the processor expands the image placeholder, `pixel_values` and
-  `image_position_ids` go to the prefill forward only (dflash_zoo/vision.py). Gemma 4 uses plain 1-D
+  `image_position_ids` go to the prefill forward only (dflash_zoo/engine/vision.py). Gemma 4 uses plain 1-D
   positions, so text-only verify forwards on the same cache need no extra state. Image tokens attend
   bidirectionally inside their block at prefill (`mm_token_type_ids`); later tokens are causal anyway;
 - the 26B-A4B MoE runs a dense FFN beside the experts; neither changes what a tap sees.

@@ -7,7 +7,7 @@ Quirks:
 - layers alternate sliding(128) / full attention, sliding first: the cache mixes `DynamicSlidingWindowLayer`
   and `DynamicLayer`. Once a sliding window is full a plain crop raises, so the base class turns on past
   recording after prefill (`start_decoding`) and crops every step (`crop(0)` on a full accept trims the
-  recorded history back to the window). Negative crop with recording is exact (transformers-5x.md §3);
+  recorded history back to the window). Negative crop with recording is exact (docs/compat.md §3);
 - harmony chat format: a turn ends on `<|return|>` (200002), a tool call on `<|call|>` (200012), and
   `<|endoftext|>` (199999) is the pad/eos. `extra_stop_token_ids` lists them for the engine to merge with
   the generation config's eos ids;

@@ -11,9 +11,9 @@ Quirks:
 from __future__ import annotations
 
 from dflash_zoo.adapters import register
-from dflash_zoo.adapters.base import TargetAdapter
+from dflash_zoo.adapters.base import StaticLayout, TargetAdapter
 
 
 @register("llama")
 class LlamaAdapter(TargetAdapter):
-    static_qk_norm = False
+    static_layout = StaticLayout()  # the defaults: q/k/v/o, no q/k norm, SwiGLU MLP

@@ -12,10 +12,11 @@ Quirks:
 from __future__ import annotations
 
 from dflash_zoo.adapters import register
-from dflash_zoo.adapters.base import TargetAdapter
+from dflash_zoo.adapters.base import StaticAttention, StaticLayout, TargetAdapter
 
 
 @register("qwen3")
 class Qwen3Adapter(TargetAdapter):
     chat_template_kwargs = {"enable_thinking": False}
-    static_qk_norm = True
+    # fast path: Llama's layout plus per-head RMSNorms on q and k before rotary
+    static_layout = StaticLayout(attention=StaticAttention(q_norm="q_norm", k_norm="k_norm"))

@@ -12,9 +12,10 @@ Quirks:
 from __future__ import annotations
 
 from dflash_zoo.adapters import register
-from dflash_zoo.adapters.base import TargetAdapter
+from dflash_zoo.adapters.base import SparseMoE, StaticAttention, StaticLayout, TargetAdapter
 
 
 @register("qwen3_moe")
 class Qwen3MoeAdapter(TargetAdapter):
-    static_qk_norm = True
+    # dense layers (`mlp_only_layers`, `decoder_sparse_step`) run as Qwen3's; sparse ones as their module
+    static_layout = StaticLayout(attention=StaticAttention(q_norm="q_norm", k_norm="k_norm"), moe=SparseMoE())

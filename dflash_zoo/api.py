@@ -22,10 +22,18 @@ import torch
 from dflash_zoo import demo
 from dflash_zoo.adapters import get_adapter
 from dflash_zoo.engine.checkpoint import load_drafter, resolve_dir
-from dflash_zoo.engine.decode import SpeculativeDecoder, autoregressive_generate
+from dflash_zoo.engine.decode import EagerEngine
 from dflash_zoo.engine.drafter import DFlashDrafter
-from dflash_zoo.engine.results import GenerationConfig, GenerationResult
-from dflash_zoo.errors import ConfigError, IncompatiblePairError, NotFoundError
+from dflash_zoo.engine.results import GenerationConfig, GenerationResult, fit_to_positions, target_positions
+from dflash_zoo.engine.run import AcceptOverride, Engine, Generation
+from dflash_zoo.engine.select import EngineChoice, EngineOptions, choose_engine
+from dflash_zoo.errors import (
+    ConfigError,
+    IncompatiblePairError,
+    NotFoundError,
+    looks_like_path,
+    missing_directory,
+)
 
 log = logging.getLogger("dflash_zoo")
 
@@ -84,11 +92,11 @@ class Pipeline:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     mask_token_id: int = 0
     adapter: Any = None
-    fast: bool | None = None  # static-cache CUDA-graph path: None = auto (CUDA, greedy, supported family)
-    compile: bool = False  # torch.compile the fast path's steps (compiled on first use, then reused)
-    placement: Any = None  # a `placement.Placement` when the target is split across devices (eager loop only)
+    options: EngineOptions = EngineOptions()  # which engine runs (`engine/select.py`), compiled or not
+    placement: Any = None  # a `placement.Placement` when the target is split across devices (eager engine)
     processor_source: str | None = None  # where AutoProcessor loads from, for image prompts
-    _engine: Any = field(default=None, repr=False)
+    last_choice: EngineChoice | None = None  # the engine the last generation ran on, and why
+    _engines: dict[str, Engine] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.adapter is None:
@@ -114,17 +122,65 @@ class Pipeline:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def config(self, **kw: Any) -> GenerationConfig:
-        stops = tuple(kw.pop("stop_token_ids", None) or self.stop_token_ids)
-        return GenerationConfig(stop_token_ids=stops, **kw)
+        """A validated `GenerationConfig`; `stop_token_ids=None` means the pair's defaults, `[]` none at all."""
+        stops = kw.pop("stop_token_ids", None)
+        stops = self.stop_token_ids if stops is None else tuple(stops)
+        return GenerationConfig(stop_token_ids=stops, **kw).validated(self.drafter.cfg.block_size)
 
-    def decoder(
-        self, prompt: Any, raw: bool = False, images: list[str] | None = None, **kw: Any
-    ) -> SpeculativeDecoder:
-        """The decode loop for one prompt; `images` (file paths) go to a VLM target's prefill only."""
-        accept_override = kw.pop("accept_override", None)
+    def engine(self, cfg: GenerationConfig, prompt_tokens: int, images: bool = False) -> Engine:
+        """The engine for one generation (`engine/select.py` decides; `last_choice` says which and why)."""
+        choice = choose_engine(
+            self.adapter, self.device, self.options, split=self.placement is not None, prefill_inputs=images
+        )
+        if not choice.fast and self.options.fast:
+            log.warning("%s; using the eager engine", choice.reason)
+        if choice != self.last_choice:
+            log.info("engine: %s (%s)", choice.name, choice.reason)
+        self.last_choice = choice
+        if not choice.fast:
+            if "eager" not in self._engines:
+                self._engines["eager"] = EagerEngine(self.adapter, self.drafter, self.mask_token_id)
+            return self._engines["eager"]
+        return self._fast_engine(cfg, prompt_tokens + cfg.max_new_tokens)
+
+    def _fast_engine(self, cfg: GenerationConfig, need: int) -> Engine:
+        """The static engine for this block size, rebuilt when a longer generation or other options need it."""
+        key = f"fast-b{cfg.block_size}"
+        eng = self._engines.get(key)
+        if eng is None or eng.max_len < need or eng.compile != self.options.compile:
+            for stale in [k for k in self._engines if k.startswith("fast")]:
+                del self._engines[stale]  # an engine is a reference cycle (its step table): free buffers now
+            gc.collect()
+            from dflash_zoo.cuda.fast import FastEngine
+
+            eng = FastEngine(
+                self.adapter,
+                self.drafter,
+                self.mask_token_id,
+                max(need, 2048),
+                block_size=cfg.block_size,
+                compile=self.options.compile,
+            )
+            self._engines[key] = eng
+        return eng
+
+    def generation(
+        self,
+        prompt: Any,
+        raw: bool = False,
+        images: list[str] | None = None,
+        speculative: bool = True,
+        accept_override: AcceptOverride | None = None,
+        **kw: Any,
+    ) -> Generation:
+        """One generation to iterate (each item: the tokens one step committed); `images` (file paths) go to a
+        VLM target's prefill only. `kw` are `GenerationConfig` fields (max_new_tokens, temperature, ...)."""
+        cfg = self.config(**kw)
         ids, prefill = (self.encode(prompt, raw), None) if not images else self._image_inputs(prompt, images)
-        return SpeculativeDecoder(
-            self.adapter, self.drafter, ids, self.config(**kw), self.mask_token_id, accept_override, prefill
+        cfg = fit_to_positions(cfg, len(ids), target_positions(self.model.config))  # refuse / cap, one line
+        engine = self.engine(cfg, len(ids), images=bool(images))
+        return engine.start(
+            ids, cfg, speculative=speculative, accept_override=accept_override, prefill_inputs=prefill
         )
 
     def _image_inputs(self, prompt: Any, images: list[str]) -> tuple[list[int], dict[str, Any]]:
@@ -143,78 +199,41 @@ class Pipeline:
     def generate(
         self, prompt: Any, raw: bool = False, on_text: Callable[[str], None] | None = None, **kw: Any
     ) -> GenerationResult:
-        """Speculative generation. `kw` are `GenerationConfig` fields (max_new_tokens, temperature, ...)."""
-        images = kw.pop("images", None)
-        if not images:
-            prompt = self.encode(prompt, raw)  # token ids: encoded once, for either path
-            engine = self._fast_engine(len(prompt), kw)
-            if engine is not None:
-                res = engine.speculative(prompt, self.config(**kw))
-                res.text = self._decode(res.output_ids)
-                if on_text is not None and res.text:
-                    on_text(res.text)
-                return res
-        dec = self.decoder(prompt, raw, images=images, **kw)
-        stream = TextStream(self.tokenizer)
-        for ids in dec:
-            text = stream.push(ids)
-            if on_text is not None and text:
-                on_text(text)
-        dec.result.text = self._decode(dec.result.output_ids)
-        return dec.result
+        """Speculative generation; `on_text` receives the text as each step commits it (streaming)."""
+        return self._finish(self.generation(prompt, raw, **kw), on_text)
 
-    def _fast_engine(self, prompt_tokens: int, kw: dict[str, Any]) -> Any:
-        """The static fast path when it applies (same tokens as the eager loop), else None."""
-        if self.fast is False or (self.fast is None and self.device.type != "cuda"):
-            return None
-        from dflash_zoo.cuda.fast import FastEngine
-        from dflash_zoo.cuda.static import unsupported_reason
-
-        cfg = self.config(**kw).validated(self.drafter.cfg.block_size)
-        reason = (
-            # CUDA graphs and static caches need the whole target on one device
-            ("target split across devices" if self.placement is not None else None)
-            or unsupported_reason(self.adapter, cfg, graphs=self.device.type == "cuda")
-            or ("block size override" if cfg.block_size != self.drafter.cfg.block_size else None)
-        )
-        if reason or kw.get("accept_override"):
-            if self.fast:
-                log.warning("fast path unavailable (%s); using the eager loop", reason)
-            return None
-        need = prompt_tokens + cfg.max_new_tokens
-        stale = self._engine is not None and self._engine.compile != self.compile
-        if self._engine is None or self._engine.max_len < need or stale:
-            if self._engine is not None:
-                self._engine = None  # an engine is a reference cycle (its step table): free its buffers now
-                gc.collect()
-            self._engine = FastEngine(
-                self.adapter, self.drafter, self.mask_token_id, max(need, 2048), compile=self.compile
-            )
-        return self._engine
+    def chat(
+        self, messages: list[dict], on_text: Callable[[str], None] | None = None, **kw: Any
+    ) -> GenerationResult:
+        """The assistant's next turn for `messages` ([{"role": ..., "content": ...}]), through the chat template."""
+        return self.generate(messages, on_text=on_text, **kw)
 
     def stream(self, prompt: Any, raw: bool = False, **kw: Any) -> Iterator[str]:
         """Yield text as tokens are committed."""
-        dec = self.decoder(prompt, raw, **kw)
         stream = TextStream(self.tokenizer)
-        for ids in dec:
+        for ids in self.generation(prompt, raw, **kw):
             text = stream.push(ids)
             if text:
                 yield text
 
-    def generate_autoregressive(self, prompt: Any, raw: bool = False, **kw: Any) -> GenerationResult:
+    def generate_autoregressive(
+        self, prompt: Any, raw: bool = False, on_text: Callable[[str], None] | None = None, **kw: Any
+    ) -> GenerationResult:
         """The target alone, one token per forward (the baseline for speedups).
 
-        Runs on the same path `generate` would take (the fast engine's static target when it applies), so a
-        speedup compares DFlash with autoregressive decoding on equal footing.
+        Runs on the engine `generate` would take, so a speedup compares DFlash with autoregressive decoding on
+        equal footing.
         """
-        ids, cfg = self.encode(prompt, raw), self.config(**kw)
-        engine = self._fast_engine(len(ids), kw)
-        if engine is not None:
-            res = engine.autoregressive(ids, cfg)
-        else:
-            res = autoregressive_generate(self.adapter, ids, cfg, self.device)
-        res.text = self._decode(res.output_ids)
-        return res
+        return self._finish(self.generation(prompt, raw, speculative=False, **kw), on_text)
+
+    def _finish(self, gen: Generation, on_text: Callable[[str], None] | None) -> GenerationResult:
+        stream = TextStream(self.tokenizer)
+        for ids in gen:
+            text = stream.push(ids) if on_text is not None else ""
+            if text:
+                on_text(text)
+        gen.result.text = self._decode(gen.result.output_ids)
+        return gen.result
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
@@ -229,14 +248,25 @@ def _stop_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
-def _mask_id(drafter: DFlashDrafter, tokenizer: Any) -> int:
-    if drafter.cfg.mask_token_id is not None:
-        return drafter.cfg.mask_token_id
-    if tokenizer is not None:
+def _mask_id(drafter: DFlashDrafter, tokenizer: Any, rows: int | None = None) -> int:
+    """The drafter's mask id (its config, else the tokenizer's <|MASK|>), checked against the target's `rows`
+    embedding rows: an id outside them would fail only at the first draft, after output has started."""
+    mask = drafter.cfg.mask_token_id
+    if mask is None and tokenizer is not None:
         tid = tokenizer.convert_tokens_to_ids(MASK_TOKEN_STRING)
-        if tid is not None and tid != tokenizer.unk_token_id:
-            return tid
-    raise ConfigError("the draft config has no mask_token_id and the tokenizer has no <|MASK|> token")
+        mask = tid if tid is not None and tid != tokenizer.unk_token_id else None
+    if mask is None:
+        raise ConfigError("the draft config has no mask_token_id and the tokenizer has no <|MASK|> token")
+    if rows is not None and not 0 <= mask < rows:
+        raise IncompatiblePairError(
+            f"the drafter's mask_token_id {mask} is outside the target's embedding table ({rows} rows)",
+            hint="fix dflash_config.mask_token_id in the drafter's config.json; `dflash-zoo check` reports the pair",
+        )
+    return mask
+
+
+def _embedding_rows(model: Any) -> int | None:
+    return getattr(model.get_input_embeddings(), "num_embeddings", None)
 
 
 def load_target(source: Any, device: str, dtype: torch.dtype, revision: str | None) -> tuple[Any, Any]:
@@ -274,6 +304,12 @@ def check_pair(model: Any, drafter: DFlashDrafter) -> None:
         log.warning("%s", p.message)
 
 
+def _warn_ignored_revision(source: Any, revision: str | None, what: str) -> None:
+    """A local directory has no revisions: say that one given for it is not used (instead of ignoring it)."""
+    if revision and isinstance(source, str | Path) and Path(source).expanduser().is_dir():
+        log.warning("%s revision %r ignored: %s is a local directory", what, revision, source)
+
+
 def load(
     target: Any = None,
     draft: Any = None,
@@ -284,6 +320,8 @@ def load(
     revision: str | None = None,
     draft_revision: str | None = None,
     device_map: str | list[str] | None = None,
+    fast: bool | None = None,
+    compile: bool = False,
 ) -> Pipeline:
     """Load a target + drafter pair and check that they fit.
 
@@ -293,7 +331,10 @@ def load(
         draft: local dir, Hub id or `DFlashDrafter`; None: the registry's drafter for `target`.
         device / dtype: default cuda + bf16 when available, else cpu + fp32.
         device_map: split the target over devices: "auto" (all visible GPUs), "cuda:0,cuda:1" or a list.
-            Layers are balanced by bytes; the drafter joins the LM head on the last device; eager loop only.
+            Layers are balanced by bytes; the drafter joins the LM head on the last device; eager engine only.
+        fast: the static fast engine: None (auto: on CUDA for families that declare a static layout), True
+            (wherever it can run, CPU included), False (always the eager engine). See `engine/select.py`.
+        compile: `torch.compile` the fast engine's steps (a one-time cost, reported apart from throughput).
     Returns:
         A `Pipeline` with `generate`, `stream` and `generate_autoregressive`.
     """
@@ -312,6 +353,8 @@ def load(
         raise NotFoundError(
             "no drafter given", hint="pass --draft DIR_OR_REPO, or a registry id (`dflash-zoo list`)"
         )
+    _warn_ignored_revision(target, revision, "target")
+    _warn_ignored_revision(draft, draft_revision, "drafter")
     model, tok = load_target(target, device, torch_dtype, revision)
     tokenizer = tokenizer if tokenizer is not None else tok
     drafter = (
@@ -329,9 +372,10 @@ def load(
         stop_token_ids=tuple(dict.fromkeys(_stop_ids(model, tokenizer) + adapter.extra_stop_token_ids)),
         processor_source=str(target) if isinstance(target, str | Path) else None,
         chat_template_kwargs={**adapter.chat_template_kwargs, **chat_kwargs},
-        mask_token_id=_mask_id(drafter, tokenizer),
+        mask_token_id=_mask_id(drafter, tokenizer, _embedding_rows(model)),
         adapter=adapter,
         placement=placement,
+        options=EngineOptions(fast=fast, compile=compile),
     )
 
 
@@ -357,7 +401,7 @@ def _place(adapter: Any, drafter: DFlashDrafter, devices: list[str]) -> Any:
     plan = plan_placement(adapter, devices, reserve_bytes=module_bytes(drafter))
     placement = apply_placement(adapter.model, adapter, plan)
     placement.attach_drafter(drafter)
-    log.info("fast path off: the target spans %d devices (CUDA graphs need one); eager loop", len(devices))
+    log.info("the target spans %d devices: the eager engine runs it (CUDA graphs need one)", len(devices))
     return placement
 
 
@@ -375,6 +419,8 @@ def _registry_entry(name: str) -> Any:
         raise NotFoundError(
             f"{name} is a directory but no --draft was given", hint="pass --draft DIR_OR_REPO"
         )
+    if looks_like_path(name):  # a path that does not exist is no registry miss
+        raise missing_directory(name)
     from dflash_zoo.zoo.registry import load_registry
 
     return load_registry().resolve(name)

@@ -61,6 +61,14 @@ class LazyGroup(click.Group):
         except (ImportError, AttributeError) as exc:
             raise click.ClickException(f"command {name!r} is not available in this build: {exc}") from exc
 
+    def invoke(self, ctx: click.Context) -> object:
+        from dflash_zoo.errors import PipeClosedError
+
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as exc:  # click would turn it into exit 1; `main` exits 0 quietly
+            raise PipeClosedError(str(exc)) from exc
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # short help without importing the command modules (they may import torch)
         rows = [(n, SHORT_HELP.get(n, "")) for n in self.list_commands(ctx)]
@@ -104,32 +112,80 @@ def cli(verbose: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the group and maps errors to one-line messages and exit codes."""
-    from dflash_zoo.errors import ZooError
+    from dflash_zoo.errors import PipeClosedError, ZooError, from_exception
 
     debug = os.environ.get("DFLASH_ZOO_DEBUG", "") not in ("", "0")
     try:
-        code = cli.main(args=argv, prog_name="dflash-zoo", standalone_mode=False)
+        args = sys.argv[1:] if argv is None else list(argv)
+        _check_utf8(args)
+        code = cli.main(args=args, prog_name="dflash-zoo", standalone_mode=False)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's shutdown
         if isinstance(code, int) and code:
             sys.exit(code)
-    except click.exceptions.Abort:
+    except (PipeClosedError, BrokenPipeError):  # `dflash-zoo generate ... | head -1`: the reader is done
+        _quiet_stdout()
+        sys.exit(0)
+    except (click.exceptions.Abort, KeyboardInterrupt):
         sys.stderr.write("interrupted\n")
         sys.exit(130)
-    except click.ClickException as exc:
+    except click.exceptions.NoArgsIsHelpError as exc:  # bare `dflash-zoo`: the help, as click shows it
         exc.show()
         sys.exit(exc.exit_code)
+    except click.UsageError as exc:
+        _fail(exc.format_message(), _usage_hint(exc), exc.exit_code)
+    except click.ClickException as exc:
+        _fail(exc.format_message(), None, exc.exit_code)
     except ZooError as exc:
         if debug:
             raise
-        sys.stderr.write(f"error: {exc}\n")
-        if exc.hint:
-            sys.stderr.write(f"hint: {exc.hint}\n")
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        sys.exit(130)
+        _fail(str(exc), exc.hint, exc.exit_code)
     except Exception as exc:  # unexpected: one line unless debugging
+        known = from_exception(exc)
         if debug:
             raise
-        sys.stderr.write(f"error: {type(exc).__name__}: {exc}\n")
-        sys.stderr.write("hint: rerun with DFLASH_ZOO_DEBUG=1 for the traceback and report it\n")
-        sys.exit(1)
+        if known is not None:
+            _fail(str(known), known.hint, known.exit_code)
+        _fail(f"{type(exc).__name__}: {exc}", "rerun with DFLASH_ZOO_DEBUG=1 for the traceback and report it", 1)
+
+
+def _fail(message: str, hint: str | None, code: int) -> None:
+    """`error: <one line>` and `hint: <next step>` on stderr, then exit."""
+    sys.stderr.write(f"error: {' '.join(message.split())}\n")
+    if hint:
+        sys.stderr.write(f"hint: {hint}\n")
+    sys.exit(code)
+
+
+def _usage_hint(exc: click.UsageError) -> str:
+    """The help command of the command that was misused (README: errors are one line plus a hint)."""
+    ctx = exc.ctx
+    if ctx is None or isinstance(ctx.command, click.Group):
+        return "`dflash-zoo --help` lists the commands"
+    return f"`{ctx.command_path} --help` lists the arguments and options"
+
+
+def _check_utf8(args: list[str]) -> None:
+    """Refuse an argument that is not valid UTF-8 (Python hands it over with surrogate escapes, which no
+    tokenizer can encode); an existing file of that name is a valid path and passes."""
+    for arg in args:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            if os.path.exists(arg):
+                continue
+            from dflash_zoo.errors import InvalidArgumentError
+
+            shown = repr(os.fsencode(arg))[2:-1]
+            raise InvalidArgumentError(
+                f"argument '{shown}' is not valid UTF-8 (byte {exc.start + 1})",
+                hint="pass text as UTF-8 (a UTF-8 locale such as LANG=C.UTF-8 does that)",
+            ) from None
+
+
+def _quiet_stdout() -> None:
+    """The reader of stdout is gone: point stdout at /dev/null so nothing fails at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (an in-process runner)
+        pass

@@ -1,4 +1,4 @@
-"""The one place that knows how transformers changed between 5.17 and the newest release.
+"""The one place that knows how transformers changed between 5.17 and the newest release (docs/compat.md).
 
 - cache kwarg: `past_key_values=` (5.17) vs `cache=` (newer). Passing `cache=` to 5.17 is silently ignored,
   so the name is read from the `forward` signature, never assumed;

@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.measure import Measurement
 from rich.table import Table, box
 
 LOGGER_NAME = "dflash_zoo"
@@ -56,14 +57,37 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
-def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> Table:
-    """A borderless table with uppercase headers (ollama / hf style)."""
+def table(
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    title: str | None = None,
+    ids: Sequence[str] = (),
+) -> Table:
+    """A borderless table with uppercase headers (ollama / hf style).
+
+    ids: columns of identifiers (repo ids, paths): never wrapped; the others wrap first when space is short.
+    """
     t = Table(box=box.SIMPLE_HEAD if title else None, show_edge=False, title=title, pad_edge=False)
     for col in columns:
-        t.add_column(col.upper(), overflow="fold")
+        whole = col in ids
+        t.add_column(col.upper(), overflow="ignore" if whole else "fold", no_wrap=whole)
     for row in rows:
         t.add_row(*("" if v is None else str(v) for v in row))
     return t
+
+
+def print_table(t: Table) -> None:
+    """A table on stdout at its natural width, wider than the console if need be: no cell (repo id, path) is
+    ever folded, and a pipe or a file gets one line per row for grep / awk (a narrow terminal wraps the lines
+    itself; the ids stay whole when copied)."""
+    con = stdout()
+    natural = Measurement.get(con, con.options.update_width(100_000), t).maximum
+    width = con.width
+    con.width = max(width, natural)  # print(width=) can only narrow
+    try:
+        con.print(t)
+    finally:
+        con.width = width
 
 
 def hint(message: str) -> None:
@@ -75,14 +99,15 @@ def info(message: str) -> None:
 
 
 def human_size(n: int | None) -> str:
-    """Decimal units, as the Hub shows them: 999 B, 16.4 kB, 1.2 GB ("?" when unknown)."""
+    """The one size format (files, caches, memory): decimal units, as the Hub shows them: 999 B, 16.4 kB,
+    1.2 GB, 5.0 TB ("?" when unknown)."""
     if n is None:
         return "?"
     if n < 1000:
         return f"{n} B"
     size = n / 1000
-    for unit in ("kB", "MB"):
+    for unit in ("kB", "MB", "GB"):
         if size < 1000:
             return f"{size:.1f} {unit}"
         size /= 1000
-    return f"{size:.1f} GB"
+    return f"{size:.1f} TB"

@@ -8,7 +8,7 @@ Stages (each cached in --work, so `--stage prep` can run on a CPU box and the re
   target: a Qwen3 trained from scratch for `target_epochs` passes (next-token loss; a quarter of the sequences
           are wrapped in the chat template as "continue this code" turns so chat-mode prompts work); saved in
           bf16, with its held-out loss. 8 epochs had the lowest held-out loss of 3 / 8 / 20
-          (`scripts/gpu_demo_sweep.sh`); targets that memorise more are harder to draft for.
+          (dflash_zoo/demo/PROVENANCE.md); targets that memorise more are harder to draft for.
   draft:  `python -m dflash_zoo train --regenerate` (the CLI's own code path): the target continues code
           prefixes (raw) and chat prompts, greedy; the drafter learns those responses. With --ablations the
           docs/ablations.md variants train in parallel processes on the same regenerated data (on
@@ -22,8 +22,8 @@ Outputs land in --out: target/, draft/, PROVENANCE.md, results.json (and ablatio
     python scripts/build_demo_pair.py --stage draft --ablations --ablation-device cuda:1 --out dflash_zoo/demo
     python scripts/build_demo_pair.py --stage draft --init dflash_zoo/demo/draft --set data_seed=3 ...  # continue
     python scripts/build_demo_pair.py --tiny --out /tmp/demo          # CPU smoke test, all stages
-The shipped drafter is a from-scratch run continued twice on fresh prompts (`--init`, a new `data_seed` each
-time); dflash_zoo/demo/PROVENANCE.md gives the exact commands (scripts/gpu_demo_sweep.sh, gpu_demo_draft.sh).
+The shipped drafter is a from-scratch run continued on fresh prompts several times (`--init`, a new `data_seed`
+each time); dflash_zoo/demo/PROVENANCE.md gives the commands.
 """
 
 from __future__ import annotations

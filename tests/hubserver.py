@@ -1,16 +1,23 @@
 """A standard-library Hub-compatible HTTP server on loopback, for tests that run the real hub client.
 
-Serves plain folders laid out `<root>/<org>/<name>/<files>` (transformers-5x.md §8):
+Serves plain folders laid out `<root>/<org>/<name>/<files>` (docs/compat.md §7):
 
-- `GET /api/models/{org}/{name}/revision/{rev}`: `id`, `sha`, `siblings` (with `size`, `blobId`);
-- `GET /api/models/{org}/{name}/tree/{rev}[/{path}]`: a list of `{type, oid, size, path}`;
+- `GET /api/models/{org}/{name}/revision/{rev}`: `id`, `sha`, `siblings` (with `size`, `blobId` and, for LFS
+  files, `lfs: {sha256, size, pointerSize}`);
+- `GET /api/models/{org}/{name}/tree/{rev}[/{path}]`: a list of `{type, oid, size, path[, lfs]}`;
 - `HEAD` / `GET /{org}/{name}/resolve/{rev}/{path}`: bytes with `X-Repo-Commit`, quoted `ETag`, `Content-Length`;
-  `Range: bytes=N-` answers 206 with `Content-Range` (resumed downloads);
+  as on the Hub, an LFS file's ETag (and `X-Linked-Etag`) is its sha256 and any other file's is its git blob
+  id (sha1 of `blob <size>\0<bytes>`); `Range: bytes=N-` answers 206 with `Content-Range` (resumed downloads);
+- files whose names end in `lfs_suffixes` (weights) are the LFS files;
 - revisions: `main` and the commit sha, which is derived from file names and content hashes (stable);
 - errors: 404 with `X-Error-Code` `RepoNotFound` / `RevisionNotFound` / `EntryNotFound`;
   `gated` repos answer 401 `X-Error-Code: GatedRepo`; `fail_status` makes every answer that status;
   `unresolvable` files are listed but answer `EntryNotFound` (a file that vanished between listing and fetch);
-  `truncate_once` drops the next GET of a file after N bytes (an interrupted transfer, to test resume).
+  `truncate_once` drops the next GET of a file after N bytes (an interrupted transfer, to test resume);
+  `corrupt` serves a file with 4 KiB flipped at an offset while listing and headers keep the true size and
+  hashes (a bad mirror or disk); `stall_after` sends N bytes of a file, then holds the connection until
+  `release` is set (so a test can kill the client mid-transfer); `advertise_size` lists a file with a
+  different size (a file too big for the disk, without writing one).
 
 Every request is logged (method, path, Range header) so tests can assert what the client did.
 It binds 127.0.0.1 only; sockets carry a timeout so a stuck client cannot hang a test.
@@ -56,8 +63,25 @@ class Request:
 
 
 def file_etag(data: bytes) -> str:
-    """The unquoted ETag the server sends for a file (also the blob name in the HF cache)."""
+    """The sha256 of a file: the ETag (and blob name in the HF cache) of an LFS file."""
     return hashlib.sha256(data).hexdigest()
+
+
+def git_blob_id(data: bytes) -> str:
+    """Git's object id of a file: sha1 of `blob <size>\0` + bytes (the ETag of a non-LFS file)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def lfs_pointer(data: bytes) -> bytes:
+    """The git-lfs pointer file that git stores for an LFS file."""
+    head = "version https://git-lfs.github.com/spec/v1\n"
+    return f"{head}oid sha256:{file_etag(data)}\nsize {len(data)}\n".encode()
+
+
+def flip(data: bytes, offset: int, n: int = 4096) -> bytes:
+    """`data` with `n` bytes from `offset` inverted (same size)."""
+    bad = bytes(b ^ 0xFF for b in data[offset : offset + n])
+    return data[:offset] + bad + data[offset + n :]
 
 
 class HubServer:
@@ -69,6 +93,11 @@ class HubServer:
         self.gated: set[str] = set()
         self.unresolvable: set[str] = set()  # "org/name/path": listed, but resolve answers EntryNotFound
         self.truncate_once: dict[str, int] = {}  # "org/name/path" -> bytes sent before the next GET drops
+        self.corrupt: dict[str, int] = {}  # "org/name/path" -> offset of 4 KiB served inverted
+        self.stall_after: dict[str, int] = {}  # "org/name/path" -> bytes sent before holding the connection
+        self.release = threading.Event()  # set to let stalled transfers end (they drop the connection)
+        self.advertise_size: dict[str, int] = {}  # "org/name/path" -> size the listings claim
+        self.lfs_suffixes: tuple[str, ...] = (".safetensors", ".bin", ".gguf", ".pt")
         self._log: list[Request] = []
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
@@ -85,6 +114,7 @@ class HubServer:
         return self
 
     def stop(self) -> None:
+        self.release.set()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -123,6 +153,13 @@ class HubServer:
         base = self.root / repo_id
         found = sorted(p for p in base.rglob("*") if p.is_file())
         return {p.relative_to(base).as_posix(): p.read_bytes() for p in found}
+
+    def is_lfs(self, path: str) -> bool:
+        return path.endswith(self.lfs_suffixes)
+
+    def etag(self, path: str, data: bytes) -> str:
+        """The unquoted ETag of a file, which is also its blob name in the HF cache."""
+        return file_etag(data) if self.is_lfs(path) else git_blob_id(data)
 
     def commit(self, repo_id: str) -> str:
         """The repo's current commit sha: a hash of its id, file names and contents (stable, unique per repo)."""
@@ -195,7 +232,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         files = self.hub.files(repo_id)
         if kind == "revision":
-            siblings = [{"rfilename": p, "size": len(d), "blobId": file_etag(d)} for p, d in files.items()]
+            siblings = [{"rfilename": p, **self._meta(repo_id, p, d, "blobId")} for p, d in files.items()]
             doc: object = {
                 "id": repo_id,
                 "modelId": repo_id,
@@ -205,11 +242,21 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             prefix = "/".join(rest[1:])
             doc = [
-                {"type": "file", "oid": file_etag(d), "size": len(d), "path": p}
+                {"type": "file", "path": p, **self._meta(repo_id, p, d, "oid")}
                 for p, d in files.items()
                 if p.startswith(prefix)
             ]
         self._send(200, json.dumps(doc).encode(), {"Content-Type": "application/json"}, body)
+
+    def _meta(self, repo_id: str, path: str, data: bytes, oid_key: str) -> dict[str, object]:
+        """Size and hashes of a file as the Hub lists them (`lfs` only for LFS files)."""
+        size = self.hub.advertise_size.get(f"{repo_id}/{path}", len(data))
+        if not self.hub.is_lfs(path):
+            return {"size": size, oid_key: git_blob_id(data)}
+        pointer = lfs_pointer(data)
+        lfs = {"sha256" if oid_key == "blobId" else "oid": file_etag(data), "size": size,
+               "pointerSize": len(pointer)}  # fmt: skip
+        return {"size": size, oid_key: git_blob_id(pointer), "lfs": lfs}
 
     def _resolve(self, repo_id: str, rev: str, path: str, body: bool) -> None:
         if not self._check(repo_id, rev):
@@ -217,12 +264,20 @@ class _Handler(BaseHTTPRequestHandler):
         data = self.hub.files(repo_id).get(path)
         if data is None or f"{repo_id}/{path}" in self.hub.unresolvable:
             return self._error(404, "EntryNotFound", f"{path} does not exist at {rev}")
-        headers = {"X-Repo-Commit": self.hub.commit(repo_id), "ETag": f'"{file_etag(data)}"'}
-        headers["Accept-Ranges"] = "bytes"
+        key = f"{repo_id}/{path}"
+        etag = f'"{self.hub.etag(path, data)}"'
+        headers = {"X-Repo-Commit": self.hub.commit(repo_id), "ETag": etag, "Accept-Ranges": "bytes"}
+        if self.hub.is_lfs(path):
+            headers |= {"X-Linked-Etag": etag, "X-Linked-Size": str(len(data))}
+        if key in self.hub.corrupt:
+            data = flip(data, self.hub.corrupt[key])
         start = _range_start(self.headers.get("Range"))
-        cut = self.hub.truncate_once.pop(f"{repo_id}/{path}", None) if body else None
+        cut = self.hub.truncate_once.pop(key, None) if body else None
         if cut is not None:
             return self._send(200, data, headers, body, cut=cut)
+        stall = self.hub.stall_after.pop(key, None) if body else None
+        if stall is not None:
+            return self._send(200, data, headers, body, cut=stall, hold=self.hub.release)
         if start is None or start == 0:
             return self._send(200, data, headers, body)
         if start >= len(data):
@@ -237,9 +292,16 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, payload, headers, body=self.command != "HEAD")
 
     def _send(
-        self, status: int, payload: bytes, headers: dict[str, str], body: bool, cut: int | None = None
+        self,
+        status: int,
+        payload: bytes,
+        headers: dict[str, str],
+        body: bool,
+        cut: int | None = None,
+        hold: threading.Event | None = None,
     ) -> None:
-        """Answer with `payload`; with `cut`, announce the full length but drop the connection after `cut` bytes."""
+        """Answer with `payload`; with `cut`, announce the full length but drop the connection after `cut` bytes
+        (after `hold` is set, or 30 s, when given)."""
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value)
@@ -249,6 +311,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(payload if cut is None else payload[:cut])
         if cut is not None:
             self.wfile.flush()
+            if hold is not None:
+                hold.wait(timeout=30)
             self.close_connection = True
 
 

@@ -38,3 +38,32 @@ def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
         eos_token_id=None,
     )
     return out[0, len(prompt) :].tolist()
+
+
+def reference_dflash(adapter, drafter, prompt: list[int], max_new: int, mask_id: int):
+    """The upstream DFlash loop (greedy), written without any cache: every step drafts the whole block, the
+    target verifies the whole block by a forward over the full sequence, and the output is cut at `max_new`
+    at the end. Returns (output ids, [(proposed drafts, accepted count)] per step)."""
+    from dflash_zoo.engine.drafter import DraftKV, Span
+
+    block, model = drafter.cfg.block_size, adapter.model
+    dtype = drafter.fc.weight.dtype
+    with torch.inference_mode(), adapter.tap(drafter.cfg.target_layer_ids) as taps:
+        logits = model(input_ids=torch.tensor([prompt])).logits[0]
+        feats = taps.take()  # [1, P, K*H]
+        out, steps = [int(logits[-1].argmax())], []
+        while len(out) < max_new:
+            pos = len(prompt) + len(out) - 1  # tokens with target features: all but the newest (out[-1])
+            ids = torch.tensor([[out[-1]] + [mask_id] * (block - 1)])
+            span = Span(q_pos=torch.arange(pos, pos + block), ctx_pos=torch.arange(pos))
+            h = drafter(adapter.embed(ids).to(dtype), feats[:, :pos].to(dtype), span, DraftKV())
+            drafts = adapter.logits(h[0, 1:]).argmax(-1).tolist()
+            logits = model(input_ids=torch.tensor([prompt + out + drafts])).logits[0]
+            feats = taps.take()
+            target = logits[pos : pos + block].argmax(-1).tolist()  # the target's token after each input
+            na = 0
+            while na < block - 1 and drafts[na] == target[na]:
+                na += 1
+            steps.append((drafts, na))
+            out += drafts[:na] + [target[na]]
+    return out[:max_new], steps

@@ -2,7 +2,8 @@
 
 For each model_type: taps equal `hidden_states[id + 1]`, hooks are removed, `embed` equals layer 0's input,
 `logits` equals the target's logits, rollback after a partial accept equals a clean prefill, and speculative
-greedy output equals transformers' greedy decoding for random, one-error and oracle drafters (fp32).
+greedy output equals transformers' greedy decoding for random, one-error and oracle drafters (fp32); a declared
+`static_layout` names only modules the target has (the fast-vs-eager comparisons are in tests/test_fast.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,20 @@ def _hook_count(adapter) -> int:
 def _prompt(seed: int, n: int) -> list[int]:
     rng = random.Random(seed)
     return [rng.randrange(3, VOCAB - 2) for _ in range(n)]
+
+
+def test_static_layout_resolves_or_is_not_declared(family):
+    """A declared layout finds every module it names in the tiny target; without one the fast path says why."""
+    from dflash_zoo.cuda.layout import resolve
+    from dflash_zoo.cuda.static import unsupported_reason
+
+    model_type, _, adapter = family
+    if adapter.static_layout is None:
+        assert unsupported_reason(adapter) == f"no static layout declared by the {model_type!r} adapter"
+        return
+    mods = resolve(adapter)
+    assert len(mods.layers) == adapter.num_layers and mods.final_norm is not None
+    assert unsupported_reason(adapter) is None
 
 
 def test_taps_match_hidden_states_and_hooks_are_removed(family):

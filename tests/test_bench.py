@@ -8,8 +8,11 @@ from fractions import Fraction
 import pytest
 from click.testing import CliRunner
 
+from dflash_zoo import demo
 from dflash_zoo.bench import runner as B
 from dflash_zoo.cli import cli
+
+needs_demo = pytest.mark.skipif(not demo.available(), reason="demo pair not built (scripts/build_demo_pair.py)")
 
 
 @pytest.mark.parametrize("tau", [1.0, 2.5, 3.25, 6.5, 7.3, 16.0])
@@ -183,3 +186,132 @@ def test_weight_bytes_of_a_moe_target_count_only_the_routed_experts():
         == wd["target_streamed_verify"]
         == wd["target_total"] - 4 * torch.numel(dense.get_input_embeddings().weight)
     )
+
+
+# ---- prompt sets, lengths, the record location, the spread ---------------------------------------------
+
+
+def _bench(tmp_path, *args, env=None):
+    """`bench` on the embedded demo pair, eager, CPU, short: its record (or None) and the click result."""
+    base = ["bench", "--device", "cpu", "--dtype", "fp32", "--path", "eager", "--warmup", "0"]
+    result = CliRunner().invoke(cli, [*base, *args], env={"DFLASH_ZOO_HOME": str(tmp_path), **(env or {})})
+    files = sorted((tmp_path / "bench").glob("*.json"))
+    return (json.loads(files[-1].read_text()) if files else None), result
+
+
+@needs_demo
+def test_bench_demo_pair_runs_on_its_held_out_stdlib_files(tmp_path):
+    """No prompt given: the demo pair is measured on the held-out stdlib chunks, eval's lengths (32 / N)."""
+    from dflash_zoo.bench import prompts
+
+    rec, result = _bench(tmp_path, "--limit", "3", "--max-new-tokens", "5", "--repeats", "2", "--json")
+    assert result.exit_code == 0, result.output
+    assert "prompts: held-out stdlib files (3," in result.stderr
+    subject = rec["subject"]
+    assert subject["kind"] == "demo" and subject["prompts"]["count"] == 3
+    assert rec["options"]["prompt_tokens"] == prompts.PROMPT_TOKENS and rec["options"]["new_tokens"] == 5
+    for mode in ("autoregressive", "dflash"):
+        m = rec["results"]["eager"][mode]
+        assert m["new_tokens"] == 3 * 5 and len(m["tokens_per_second_runs"]) == 2
+    # greedy in fp32: DFlash reproduces the target's own tokens, prompt by prompt
+    eager = rec["results"]["eager"]
+    assert eager["dflash"]["output_ids"] == eager["autoregressive"]["output_ids"]
+
+
+def test_held_out_set_reads_the_listed_stdlib_files(tmp_path):
+    """One chunk per held-out file present (long enough); an unrelated or short file gives none."""
+    from dflash_zoo.bench import prompts
+    from dflash_zoo.errors import NotFoundError
+
+    (tmp_path / "base64.py").write_text("x = 1\n" * 200)
+    (tmp_path / "copy.py").write_text("short\n")
+    (tmp_path / "json.py").write_text("y = 2\n" * 200)  # trained on, not held out
+    ps = prompts.held_out_stdlib(tmp_path)
+    assert len(ps.records) == 1 and set(ps.records[0].text) <= set("x = 1\n")
+    assert {"base64.py", "copy.py", "enum.py"} <= set(prompts.HELD_OUT) and "json.py" not in prompts.HELD_OUT
+    with pytest.raises(NotFoundError, match="held-out"):
+        prompts.held_out_stdlib(tmp_path / "empty")
+    assert len(prompts.held_out_stdlib().records) >= 10  # this Python's own stdlib
+
+
+@needs_demo
+def test_bench_prompts_file_takes_evals_line_formats(tmp_path):
+    """--prompts FILE.jsonl: text, prompt and messages lines, as `eval --data` reads them."""
+    data = tmp_path / "p.jsonl"
+    lines = [{"text": "import os\n\ndef walk(path):\n    for name in os.listdir(path):\n"},
+             {"prompt": "def add(a, b):"}, {"messages": [{"role": "user", "content": "class Stack:"}]}]  # fmt: skip
+    data.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    rec, result = _bench(tmp_path, "--prompts", str(data), "--raw", "-n", "4", "--repeats", "1", "--json")
+    assert result.exit_code == 0, result.output
+    assert rec["subject"]["prompts"] == {"set": str(data), "count": 3}
+    assert rec["results"]["eager"]["autoregressive"]["new_tokens"] == 12
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"nope": 1}\n')
+    _, result = _bench(tmp_path / "b", "--prompts", str(bad))
+    assert result.exit_code == 2 and f"{bad}:2" in result.output and "building" not in result.output
+    _, result = _bench(tmp_path / "c", "--shape", "tiny-qwen3", "--prompts", str(data))
+    assert result.exit_code == 2 and "--prompts" in result.output
+
+
+def test_bench_max_new_tokens_is_the_name_new_tokens_a_hidden_alias():
+    out = CliRunner().invoke(cli, ["bench", "--help"], env={"COLUMNS": "120"}).stdout
+    assert "--max-new-tokens" in out and "--new-tokens" not in out.replace("--max-new-tokens", "")
+
+
+def test_bench_checks_the_record_location_before_measuring(tmp_path):
+    """A DFLASH_ZOO_HOME that cannot be written fails at once (nothing built); an existing --out is kept."""
+    import os
+    import sys
+
+    from tests.readonly import cli as zoo_cli
+    from tests.readonly import run_readonly
+
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "DFLASH_ZOO_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    args = ["bench", "--shape", "tiny-qwen3", "--device", "cpu", "--prompt-tokens", "4", "-n", "4"]
+    proc = run_readonly(zoo_cli(*args), [home], env=env, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert f"cannot write the bench record in {home / 'bench'}" in proc.stderr
+    assert "building" not in proc.stderr and "Traceback" not in proc.stderr
+    assert sys.executable  # the same interpreter ran it
+    keep = tmp_path / "mine.json"
+    keep.write_text("user data\n")
+    result = CliRunner().invoke(cli, [*args, "--out", str(keep)])
+    assert result.exit_code == 2 and "exists" in result.output and keep.read_text() == "user data\n"
+
+
+def test_bench_prints_the_results_before_a_failing_record_write(tmp_path, monkeypatch):
+    """The table is on stdout even when the record cannot be written at the end."""
+    from dflash_zoo.commands import bench as bench_cmd
+    from dflash_zoo.errors import ZooError
+
+    def fail(path, record):
+        raise ZooError(f"cannot write the bench record {path}: disk full")
+
+    monkeypatch.setattr(bench_cmd, "_write_record", fail)
+    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path))
+    args = ["bench", "--shape", "tiny-qwen3", "--device", "cpu", "--prompt-tokens", "4", "-n", "6",
+            "--warmup", "0", "--repeats", "1", "--no-graphs"]  # fmt: skip
+    result = CliRunner().invoke(cli, args, env={"COLUMNS": "120", "NO_COLOR": "1"})
+    assert result.exit_code == 1 and "autoregressive" in result.stdout and "dflash" in result.stdout
+
+
+def test_bench_table_shows_the_spread_and_warns_when_wide(capsys):
+    """min-max beside the median; repeats of 7 / 21 / 414 tok/s get a warning naming all three."""
+    from dflash_zoo.bench.prompts import spread
+    from dflash_zoo.commands import bench as bench_cmd
+
+    def mode(runs):
+        return {"tokens_per_second": spread(runs).median, "tokens_per_second_runs": runs,
+                "mean_acceptance_length": 1.0, "ttft_seconds": 0.01, "peak_memory_bytes": None,
+                "roofline_fraction": None}  # fmt: skip
+
+    record = {"kind": "measurement", "results": {"eager": {
+        "autoregressive": mode([100.0, 101.0, 102.0]), "dflash": mode([7.0, 21.0, 414.0]), "speedup": 0.2}}}  # fmt: skip
+    bench_cmd._print_table(record)
+    bench_cmd._warn_spread(record)
+    out, err = capsys.readouterr()
+    assert "100.0-102.0" in out and "7.0-414.0" in out
+    assert "eager dflash: repeats gave 7.0 / 21.0 / 414.0 tok/s" in err
+    assert "autoregressive" not in err  # 100-102 is a tight spread

@@ -46,9 +46,11 @@ def test_pull_entry_prints_path_and_writes_lock(zoo_registry, hub_env):
     assert run.code == 0, run.stderr
     path = run.stdout.strip()
     assert path == str(zh.repo_cache_dir(DRAFT_REPO) / "snapshots" / hub_env.commit(DRAFT_REPO))
-    assert "to download" in run.stderr
+    assert f"{DRAFT_REPO} (drafter of tiny-test) @ main" in run.stderr and "to download" in run.stderr
     lock = read_lock()["tiny-test"]
-    assert lock["commit"] == hub_env.commit(DRAFT_REPO) and lock["requested_revision"] == "main"
+    assert lock["commit"] == lock["draft_commit"] == hub_env.commit(DRAFT_REPO)
+    assert lock["requested_revision"] == lock["draft_revision"] == "main" and lock["draft_repo"] == DRAFT_REPO
+    assert "target_commit" not in lock  # no --with-target: no target pin
 
 
 def test_second_pull_is_up_to_date_and_quiet_prints_only_the_path(zoo_registry, hub_env):
@@ -72,8 +74,11 @@ def test_dry_run_json_lists_files_and_downloads_nothing(zoo_registry, hub_env):
 
 
 def test_pull_plain_repo_id_with_target_flag_refused(zoo_registry, hub_env):
-    run = cli("pull", DRAFT_REPO, "--json")  # a registry draft repo id resolves to the entry
+    from dflash_zoo.zoo.registry import read_lock
+
+    run = cli("pull", DRAFT_REPO, "--json")  # a repo id acts on that repo, registry or not; pins only by id
     assert run.code == 0 and json.loads(run.stdout)["repos"][0]["downloaded_bytes"] == DRAFT_BYTES
+    assert json.loads(run.stdout)["lock"] is None and read_lock() == {}
     hub_env.add_file("someone/else", "config.json", b"{}")
     plain = cli("pull", "someone/else", "-q")
     assert plain.code == 0 and plain.stdout.strip().endswith(hub_env.commit("someone/else"))
@@ -87,7 +92,7 @@ def test_pull_errors_are_one_line_with_hint(zoo_registry, hub_env):
     assert unknown.code == 1 and "did you mean: tiny-test" in unknown.stderr
     hub_env.gated.add(DRAFT_REPO)
     gated = cli("pull", "tiny-test")
-    assert gated.code == 1 and "hf auth login" in gated.stderr and "licence" in gated.stderr
+    assert gated.code == 1 and "hf auth login" in gated.stderr and "license" in gated.stderr
     hub_env.gated.clear()
     hub_env.fail_status = 503
     down = cli("pull", "tiny-test")
@@ -115,10 +120,12 @@ def test_rm_requires_yes_non_interactively_and_dry_run_keeps_files(zoo_registry,
     refused = cli("rm", "tiny-test")
     assert refused.code == 2 and "--yes" in refused.stderr and path.exists()
     dry = cli("rm", "tiny-test", "--dry-run")
-    assert dry.code == 0 and "would free" in dry.stderr and path.exists()
+    freed = DRAFT_BYTES + 40  # the blobs and refs/main (a 40-byte sha); snapshot symlinks take no bytes
+    assert dry.code == 0 and f"would free 16.7 kB ({freed} bytes)" in dry.stdout and path.exists()
+    assert "nothing deleted" in dry.stderr and "would free" not in dry.stderr
     done = cli("rm", "tiny-test", "--yes", "--json")
     assert done.code == 0, done.stderr
-    assert json.loads(done.stdout)["bytes_freed"] == DRAFT_BYTES and not path.exists()
+    assert json.loads(done.stdout)["bytes_freed"] == freed and not path.exists()
     again = cli("rm", "tiny-test", "-y")
     assert again.code == 0 and "nothing to delete" in again.stderr
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,7 +57,7 @@ def test_list_human(tmp_path):
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["ID", "TARGET", "DRAFT", "BLOCK", "STATUS", "SIZE", "INSTALLED"]
-    assert max(len(line) for line in lines) <= 120
+    assert len(lines) == 1 + len(load_registry().entries)  # one line per entry: nothing wrapped
     row = next(line.split() for line in lines if line.startswith("qwen3-8b "))
     assert row == [
         "qwen3-8b",
@@ -87,6 +88,28 @@ def test_list_json(tmp_path):
     assert data[0]["installed"] is True and data[1]["installed"] is False
     assert data[0]["draft_revision"] == "main" and data[0]["locked"]["commit"] == SHA
     assert data[0]["draft"]["target_layer_ids"] == [1, 6, 11, 16, 21]
+
+
+def test_list_plain_word_matches_substrings():
+    """`list qwen` (no glob characters): every entry with a name containing the word, any case."""
+    want = [e.slug for e in load_registry() if any("qwen" in n.lower() for n in e.names())]
+    assert len(want) > 3
+    assert run("list", "qwen", "-q").stdout.split() == want
+    assert run("list", "CODER", "-q").stdout.split() == [
+        e.slug for e in load_registry() if any("coder" in n.lower() for n in e.names())
+    ]
+    assert run("list", "qwen3-8", "-q").stdout.split()[0] == "qwen3-8b"
+
+
+@pytest.mark.parametrize("columns,terminal", [("80", False), ("120", False), ("80", True)])
+def test_list_never_folds_ids(columns, terminal):
+    """At 80 or 120 columns, piped or on a terminal: each entry is one line holding its ids whole."""
+    env = {"COLUMNS": columns, "NO_COLOR": "1"} | ({"FORCE_COLOR": "1"} if terminal else {})
+    result = CliRunner().invoke(cli, ["list"], env=env)
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.stdout.splitlines()[1:]]
+    entries = list(load_registry())
+    assert [r[:3] for r in rows] == [[e.slug, e.target_repo, e.draft_repo] for e in entries]
 
 
 def test_list_no_match_and_bad_flags():
@@ -223,7 +246,7 @@ def test_commands_do_not_import_torch_or_transformers(tmp_path, argv):
 
 
 def test_one_size_format_everywhere():
-    """list/info and pull/rm share one formatter: decimal units, as the Hub shows sizes."""
+    """list/info, pull/rm, bench and placements share one formatter: decimal units, as the Hub shows sizes."""
     from dflash_zoo.output import human_size
 
     assert [human_size(n) for n in (None, 999, 16_400, 2_090_000_000, 5 * 10**12)] == [
@@ -231,5 +254,39 @@ def test_one_size_format_everywhere():
         "999 B",
         "16.4 kB",
         "2.1 GB",
-        "5000.0 GB",
+        "5.0 TB",
     ]
+    # no other size formatting (binary units, hand-made GB) in the package's user-facing strings
+    root = Path(__file__).resolve().parents[1]
+    sources = [*(root / "dflash_zoo").rglob("*.py"), *(root / "adapters").glob("*.py")]
+    offenders = [p.name for p in sources if re.search(r"GiB|MiB|KiB|2\*\*30|/ 1e9", p.read_text())]
+    assert offenders == []
+
+
+def test_user_facing_text_says_license():
+    """One spelling: `license` (the registry key) in info, hints and registry notes."""
+    out = run("info", "llama3.1-8b-instruct").stdout
+    assert "license" in out and "licence" not in out
+    root = Path(__file__).resolve().parents[1]
+    texts = [p.read_text() for p in [*(root / "dflash_zoo").rglob("*.py"), root / "registry.yaml"]]
+    assert not any("licence" in t.lower() for t in texts)
+
+
+def _commands(group, prefix=()):
+    import click
+
+    for name, cmd in group.commands.items():
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, (*prefix, name))
+        else:
+            yield (*prefix, name), cmd
+
+
+def test_help_mentions_only_options_the_command_has():
+    """A help text naming --offline (or any --flag of another command) belongs to a command that has it."""
+    for path, cmd in _commands(cli):
+        text = run(*path, "--help").stdout
+        opts = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+        for flag in ("--offline", "--revision", "--json"):
+            if re.search(rf"(?<![\w-]){flag}(?![\w-])", text) and flag not in opts:
+                raise AssertionError(f"`{' '.join(path)} --help` mentions {flag}, which it does not have")

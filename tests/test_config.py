@@ -1,4 +1,4 @@
-"""Draft-config normalisation over every schema generation seen in the wild (dflash-method.md §8.1)."""
+"""Draft-config normalisation over every schema generation seen in the wild (docs/method.md §5)."""
 
 from __future__ import annotations
 

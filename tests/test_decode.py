@@ -6,6 +6,7 @@ import pytest
 
 from dflash_zoo.api import Pipeline, check_pair
 from dflash_zoo.engine.results import GenerationConfig
+from dflash_zoo.engine.select import EngineOptions
 from dflash_zoo.errors import IncompatiblePairError, InvalidArgumentError
 from tests.oracles import OracleDecoder, greedy_reference
 from tests.tiny import VOCAB, tiny_drafter, tiny_target
@@ -159,8 +160,8 @@ def test_stateful_cache_with_a_crop_only_adapter_is_refused():
 
 
 def test_fast_path_through_the_pipeline_equals_greedy(pair):
-    """`Pipeline(fast=True)` takes the static path (CPU here, no graphs) with the CLI's keyword set."""
-    pipe = Pipeline(model=pair[0], drafter=pair[1], mask_token_id=VOCAB - 1, fast=True)
+    """`fast=True` takes the static engine (CPU here, no graphs) with the CLI's keyword set."""
+    pipe = Pipeline(model=pair[0], drafter=pair[1], mask_token_id=VOCAB - 1, options=EngineOptions(fast=True))
     res = pipe.generate(PROMPT, images=None, max_new_tokens=20)
-    assert pipe._engine is not None
+    assert pipe.last_choice.name == "fast"
     assert res.output_ids == greedy_reference(pair[0], PROMPT, 20)

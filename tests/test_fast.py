@@ -1,18 +1,25 @@
 """The static / graphed fast path (fast.py) against the eager reference loop (decode.py), fp32 on CPU.
 
 Engines default to fused q/k/v + gate/up weights and `F.rms_norm`; `UNFUSED` is the plain-module baseline.
+The fast-vs-eager comparisons run for every adapter that declares a `static_layout` (tests/static_matrix.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from dflash_zoo.adapters import get_adapter
+from dflash_zoo.adapters.base import GatedMLP, SparseMoE, StaticAttention, StaticLayout
 
 from dflash_zoo.bench.runner import whatif_schedule
 from dflash_zoo.cuda.fast import COMPILE_OPTIONS, COMPILED_DECODE_ATTENTION, FastEngine, unsupported_reason
 from dflash_zoo.engine.decode import SpeculativeDecoder, autoregressive_generate
 from dflash_zoo.engine.results import GenerationConfig
+from dflash_zoo.errors import UnsupportedModelError
+from tests.oracles import greedy_reference
+from tests.static_matrix import REQUIRED, STATIC_MODEL_TYPES, static_pair
 from tests.tiny import VOCAB, tiny_drafter, tiny_target
 
 MASK = VOCAB - 1
@@ -20,10 +27,7 @@ BLOCK = 8
 UNFUSED = {"fuse": False, "fast_norm": False}
 
 
-def _pair(model_type: str, device: str = "cpu"):
-    target = tiny_target(model_type, seed=0).to(device)
-    drafter = tiny_drafter(target, seed=1, taps=[0, 2]).to(device)
-    return get_adapter(model_type)(target), drafter
+_pair = static_pair  # (adapter, drafter) of a tiny fp32 pair
 
 
 def _eager(adapter, drafter, prompt, cfg, override=None):
@@ -63,21 +67,22 @@ def _full_block_steps(res, max_new: int) -> int:
     [{}, UNFUSED, {"decode_attention": "sums"}, {"decode_attention": "chunks"}],
     ids=["fused", "unfused", "sums", "chunks"],
 )
-@pytest.mark.parametrize("model_type", ["qwen3", "llama", "qwen3_moe"])
+@pytest.mark.parametrize("model_type", STATIC_MODEL_TYPES)
 def test_fast_path_equals_eager_token_for_token(model_type, variant):
+    """Static engine == eager loop == eager AR == transformers' greedy `generate`, token for token (fp32)."""
     adapter, drafter = _pair(model_type)
     cfg = GenerationConfig(max_new_tokens=20)
     eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, **variant)
     for prompt in _prompts():
         ref = autoregressive_generate(adapter, prompt, cfg).output_ids
         eager, fast = _eager(adapter, drafter, prompt, cfg), eng.speculative(prompt, cfg)
-        assert fast.output_ids == eager.output_ids == ref
+        assert fast.output_ids == eager.output_ids == ref == greedy_reference(adapter.model, prompt, 20)
         assert eng.autoregressive(prompt, cfg).output_ids == ref
         n = _full_block_steps(eager, cfg.max_new_tokens)
         assert [s.proposed for s in fast.steps[:n]] == [s.proposed for s in eager.steps[:n]]
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "llama", "qwen3_moe"])
+@pytest.mark.parametrize("model_type", STATIC_MODEL_TYPES)
 def test_forced_acceptance_rollback_agrees(model_type):
     """A forced schedule commits drafts (na varies 1..3): both paths roll back and extend context alike."""
     adapter, drafter = _pair(model_type)
@@ -104,9 +109,56 @@ def test_engine_is_reusable_and_stops():
     assert res.output_ids == first[: first.index(stop) + 1] and res.stop_reason == "stop_token"
 
 
+def test_the_matrix_holds_the_fast_path_families():
+    """An empty or shrunken matrix would let every parametrised comparison pass by running nothing."""
+    assert set(REQUIRED) <= set(STATIC_MODEL_TYPES)
+    assert all(isinstance(get_adapter(t).static_layout, StaticLayout) for t in STATIC_MODEL_TYPES)
+
+
+def test_mixed_dense_and_sparse_moe_layers_equal_eager():
+    """`decoder_sparse_step=2`: dense and sparse MoE layers alternate; each runs by the kind the layout finds."""
+    adapter, drafter = _pair("qwen3_moe", decoder_sparse_step=2)
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    assert [g is None for g in eng.target.gate_up] == [False, True, False, True]
+    prompt, cfg = _prompts(1)[0], GenerationConfig(max_new_tokens=12)
+    ref = autoregressive_generate(adapter, prompt, cfg).output_ids
+    assert eng.speculative(prompt, cfg).output_ids == eng.autoregressive(prompt, cfg).output_ids == ref
+
+
+_QWEN3 = get_adapter("qwen3").static_layout
+BROKEN_LAYOUTS = {  # each names something the tiny Qwen3 target does not have, or not as a projection
+    "q_norm": (replace(_QWEN3, attention=StaticAttention(q_norm="q_ln", k_norm="k_ln")), "self_attn.q_ln"),
+    "attention": (replace(_QWEN3, attention=StaticAttention(path="attn")), "layer 0.attn"),
+    "gate": (replace(_QWEN3, mlp=GatedMLP(gate_proj="w1")), "layer 0.mlp.w1"),
+    "rotary": (replace(_QWEN3, rotary_emb="model.rope"), "model.rope"),
+    "not_linear": (replace(_QWEN3, attention=StaticAttention(q_proj="q_norm", q_norm="q_norm", k_norm="k_norm")),
+                   "not an nn.Linear"),
+    "dense_only": (replace(_QWEN3, mlp=None, moe=SparseMoE()), "no 'experts' child"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_LAYOUTS))
+def test_a_layout_naming_a_missing_module_fails_clearly(case):
+    layout, named = BROKEN_LAYOUTS[case]
+    broken = type("BrokenAdapter", (get_adapter("qwen3"),), {"static_layout": layout})  # not registered
+    adapter, drafter = _pair("qwen3")
+    with pytest.raises(UnsupportedModelError, match="static layout of the 'qwen3' adapter") as exc:
+        FastEngine(broken(adapter.model), drafter, MASK, max_len=64, graphs=False)
+    assert named in str(exc.value) and "static_layout" in exc.value.hint
+
+
+def test_layout_declarations_are_checked():
+    with pytest.raises(ValueError, match="q_norm and k_norm together"):
+        StaticAttention(q_norm="q_norm")
+    with pytest.raises(ValueError, match="mlp, moe or both"):
+        StaticLayout(mlp=None)
+
+
 def test_unsupported_pairs_are_named():
     hybrid = get_adapter("qwen3_5_text")(tiny_target("qwen3_5_text"))
-    assert "no static path" in unsupported_reason(hybrid)
+    assert unsupported_reason(hybrid) == "no static layout declared by the 'qwen3_5_text' adapter"
+    windowed = get_adapter("qwen3")(tiny_target("qwen3", layer_types=["full_attention", "sliding_attention"] * 2))
+    assert "sliding_attention layers" in unsupported_reason(windowed)
     adapter, drafter = _pair("qwen3")
     assert unsupported_reason(adapter) is None
     assert "greedy" in unsupported_reason(adapter, GenerationConfig(temperature=0.7))
@@ -127,10 +179,19 @@ def test_unsupported_pairs_are_named():
         FastEngine(get_adapter("qwen3_moe")(tiny_target("qwen3_moe")), drafter, MASK, max_len=64, graphs=True)
 
 
+def _capturable(adapter):
+    """fp32 sparse MoE steps are captured with `batched_mm` (fp32 `grouped_mm` loops over host offsets)."""
+    if adapter.static_layout.moe is not None:
+        adapter.model.set_experts_implementation("batched_mm")
+    return adapter
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_graph_path_equals_eager_fp32():
-    adapter, drafter = _pair("qwen3", "cuda")
+@pytest.mark.parametrize("model_type", STATIC_MODEL_TYPES)
+def test_cuda_graph_path_equals_eager_fp32(model_type):
+    adapter, drafter = _pair(model_type, "cuda")
+    _capturable(adapter)
     cfg = GenerationConfig(max_new_tokens=24)
     eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=True)
     _assert_both_paths_equal_ar(eng, adapter, cfg, "cuda")
@@ -170,7 +231,7 @@ def _storage_bytes(module: torch.nn.Module) -> int:
     return sum(storages.values())
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+@pytest.mark.parametrize("model_type", STATIC_MODEL_TYPES)
 def test_fused_weights_are_views_and_eager_outputs_are_unchanged(model_type, tmp_path):
     from dflash_zoo.engine.checkpoint import load_drafter, save_drafter
 
@@ -191,7 +252,9 @@ def test_fused_weights_are_views_and_eager_outputs_are_unchanged(model_type, tmp
     assert torch.equal(adapter.model(torch.tensor([prompt])).logits, logits)  # the HF forward over the views
     assert _eager(adapter, drafter, prompt, cfg).output_ids == eager.output_ids
     again = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)  # views the fused tensors, no copy
-    assert again.target.gate_up[0].weight.data_ptr() == eng.target.gate_up[0].weight.data_ptr()
+    pairs = [(again.sdraft.gate_up[0], eng.sdraft.gate_up[0])]
+    pairs += [(a, b) for a, b in zip(again.target.gate_up, eng.target.gate_up, strict=True) if b][:1]  # None: MoE
+    assert all(a.weight.data_ptr() == b.weight.data_ptr() for a, b in pairs)
     save_drafter(drafter, tmp_path / "d")  # z-lab names, shared storage is fine for safetensors
     state = load_drafter(tmp_path / "d").state_dict()
     assert all(torch.equal(v, state[k]) for k, v in drafter.state_dict().items())
@@ -251,9 +314,10 @@ def test_fast_norm_is_bitwise_hf_rmsnorm(dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (inductor on CPU takes ~45 s here)")
 @pytest.mark.parametrize("decode_attention", [None, "sums"])  # None: the compiled default
-@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+@pytest.mark.parametrize("model_type", STATIC_MODEL_TYPES)
 def test_compiled_graphed_steps_equal_eager_fp32(model_type, decode_attention):
     adapter, drafter = _pair(model_type, "cuda")
+    _capturable(adapter)
     cfg = GenerationConfig(max_new_tokens=24)
     eng = FastEngine(
         adapter, drafter, MASK, max_len=64, graphs=True, compile=True, decode_attention=decode_attention

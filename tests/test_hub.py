@@ -8,7 +8,8 @@ import pytest
 
 from dflash_zoo.errors import NotFoundError, OfflineError
 from dflash_zoo.zoo import hub as zh
-from tests.hubserver import DRAFT_FILES, DRAFT_REPO, TARGET_REPO, file_etag
+from dflash_zoo.zoo import removal
+from tests.hubserver import DRAFT_FILES, DRAFT_REPO, TARGET_REPO, file_etag, git_blob_id
 
 pytest_plugins = ["tests.hub_fixtures"]  # fixtures: hub, hub_env, offline_env
 
@@ -24,6 +25,9 @@ def test_plan_lists_files_sizes_and_commit_without_downloading(hub_env):
     assert plan.commit == hub_env.commit(DRAFT_REPO)
     assert {f.path: f.size for f in plan.files} == {p: len(d) for p, d in DRAFT_FILES.items()}
     assert plan.total_bytes == plan.missing_bytes == DRAFT_BYTES
+    digests = {f.path: f.digest for f in plan.files}  # LFS files: sha256; others: the git blob id
+    assert digests["model.safetensors"] == file_etag(DRAFT_FILES["model.safetensors"])
+    assert digests["config.json"] == git_blob_id(DRAFT_FILES["config.json"])
     assert not plan.up_to_date
     assert hub_env.file_gets() == []
     assert not zh.repo_cache_dir(DRAFT_REPO).exists()
@@ -57,11 +61,7 @@ def test_pull_at_commit_sha_and_allow_patterns(hub_env):
     assert not (zh.repo_cache_dir(DRAFT_REPO) / "refs" / sha).exists()
 
 
-def test_interrupted_transfer_resumes_with_range(hub_env, monkeypatch):
-    import huggingface_hub.constants
-
-    # small read chunks so the bytes received before the drop are kept (the default chunk is 10 MB)
-    monkeypatch.setattr(huggingface_hub.constants, "DOWNLOAD_CHUNK_SIZE", 1000)
+def test_interrupted_transfer_resumes_with_range(hub_env):
     data = DRAFT_FILES["model.safetensors"]
     hub_env.truncate_once[f"{DRAFT_REPO}/model.safetensors"] = 5000
     result = _pull()
@@ -111,7 +111,7 @@ def test_server_error_is_one_line(hub_env):
     assert time.monotonic() - start < 60
 
 
-def test_gated_repo_points_to_login_and_licence(hub_env):
+def test_gated_repo_points_to_login_and_license(hub_env):
     hub_env.gated.add(DRAFT_REPO)
     with pytest.raises(zh.GatedRepoError) as info:
         zh.plan_pull(DRAFT_REPO)
@@ -142,17 +142,28 @@ def test_offline_uses_the_cache(hub_env, monkeypatch):
 def test_removal_frees_bytes_and_dry_plan_keeps_files(hub_env):
     kept = _pull(TARGET_REPO)
     result = _pull()
-    plan = zh.plan_removal([DRAFT_REPO, "nobody/nothing"])
+    plan = removal.plan_removal([DRAFT_REPO, "nobody/nothing"])
     assert [r.commit for r in plan.revisions] == [result.commit]
+    assert plan.revisions[0].size_bytes == DRAFT_BYTES and plan.revisions[0].refs == ("main",)
     assert plan.not_cached == ("nobody/nothing",)
-    assert plan.expected_freed_bytes == DRAFT_BYTES
+    assert plan.expected_freed_bytes == DRAFT_BYTES + 40  # blobs + refs/main
     assert result.path.exists()  # planning deletes nothing
-    assert zh.execute_removal(plan) == DRAFT_BYTES
-    assert not result.path.exists() and zh.cached_revisions(DRAFT_REPO) == []
+    assert removal.execute_removal(plan) == DRAFT_BYTES + 40
+    assert not zh.repo_cache_dir(DRAFT_REPO).exists() and removal.cached_revisions(DRAFT_REPO) == []
     assert kept.path.exists()
 
 
 def test_removal_with_no_cache_is_empty(hub_env):
-    plan = zh.plan_removal([DRAFT_REPO])
+    plan = removal.plan_removal([DRAFT_REPO])
     assert plan.revisions == () and plan.expected_freed_bytes == 0
-    assert zh.execute_removal(plan) == 0
+    assert removal.execute_removal(plan) == 0
+
+
+def test_unreachable_hub_falls_back_to_a_cached_snapshot(hub_env):
+    hub_env.fail_status = 503
+    with pytest.raises(zh.HubUnavailableError):
+        zh.snapshot(DRAFT_REPO)  # nothing cached yet
+    hub_env.fail_status = None
+    online = _pull()
+    hub_env.fail_status = 503
+    assert zh.snapshot(DRAFT_REPO, allow_patterns=["config.json"]) == online.path

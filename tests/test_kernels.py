@@ -19,7 +19,16 @@ from dflash_zoo.cuda.fast import FastEngine
 from dflash_zoo.cuda.static import _group_mask, _grouped_sdpa, _grouped_split
 from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.engine.rope import apply_rotary
-from tests.test_fast import MASK, _assert_both_paths_equal_ar, _eager, _full_block_steps, _pair, _prompts
+from tests.static_matrix import STATIC_MODEL_TYPES
+from tests.test_fast import (
+    MASK,
+    _assert_both_paths_equal_ar,
+    _capturable,
+    _eager,
+    _full_block_steps,
+    _pair,
+    _prompts,
+)
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -212,7 +221,7 @@ def test_silu_mul_kernel_is_torch_on_strided_halves(interpret):
         assert got.shape == (1, 3, f) and torch.equal(got, F.silu(gate) * up)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "llama", "qwen3_moe"])
+@pytest.mark.parametrize("model_type", STATIC_MODEL_TYPES)
 def test_fast_path_with_split_kernels_equals_eager(interpret, model_type):
     """Every attention, the one-row o/down projections, and the elementwise work between GEMMs (norms, rotary,
     K/V writes, SwiGLU) through the kernels: tokens and drafts as the eager loop (fp32)."""
@@ -353,8 +362,10 @@ def test_gemv_bf16_on_cuda_is_tuned_and_close():
 @pytest.mark.gpu
 @CUDA
 @pytest.mark.parametrize("compile", [False, True])
-def test_split_kernels_graphed_engine_equals_eager_fp32(compile):
-    adapter, drafter = _pair("qwen3", "cuda")
+@pytest.mark.parametrize("model_type", STATIC_MODEL_TYPES)
+def test_split_kernels_graphed_engine_equals_eager_fp32(model_type, compile):
+    adapter, drafter = _pair(model_type, "cuda")
+    _capturable(adapter)
     flags = dict(decode_attention="split", block_attention="split", gemv=True)
     eng = FastEngine(adapter, drafter, MASK, 64, graphs=True, compile=compile, **flags)
     _assert_both_paths_equal_ar(eng, adapter, GenerationConfig(max_new_tokens=24), "cuda")

@@ -17,7 +17,8 @@ from dflash_zoo.api import Pipeline, load
 from dflash_zoo.cuda.placement import apply_placement, balance, module_bytes, parse_devices, plan_placement
 from dflash_zoo.engine.decode import autoregressive_generate
 from dflash_zoo.engine.results import GenerationConfig
-from dflash_zoo.errors import ConfigError
+from dflash_zoo.errors import ConfigError, UnsupportedModelError
+from tests.static_matrix import STATIC_MODEL_TYPES
 from tests.tiny import VOCAB, tiny_drafter, tiny_target
 
 SPLIT = ["cpu", "cpu"]
@@ -153,8 +154,20 @@ def test_tied_target_placed_and_hooks_removable():
     assert not pipe.drafter._forward_pre_hooks
 
 
-def test_placement_turns_the_fast_path_off():
-    pipe, _ = _placed_pipeline("qwen3", SPLIT)
+def test_the_final_norm_is_found_through_the_adapter():
+    """Placement puts the adapter's `final_norm_path` with the head; a path the model lacks is refused by name."""
+    model = tiny_target("qwen3")
+    adapter = get_adapter("qwen3")(model)
+    assert adapter.final_norm_path() == "model.norm"
+    assert sum(plan_placement(adapter, SPLIT).device_bytes) == module_bytes(model)
+    moved = type("MovedNorm", (get_adapter("qwen3"),), {"norm_path": "model.final_ln"})
+    with pytest.raises(UnsupportedModelError, match="no final norm at model.final_ln"):
+        plan_placement(moved(model), SPLIT)
+
+
+@pytest.mark.parametrize("model_type", STATIC_MODEL_TYPES)
+def test_placement_turns_the_fast_path_off(model_type):
+    pipe, _ = _placed_pipeline(model_type, SPLIT)
     pipe.fast = True
     assert pipe._fast_engine(10, {"max_new_tokens": 8}) is None
 

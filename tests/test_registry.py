@@ -22,7 +22,7 @@ PUBLISHED = (
     "qwen3.5-4b qwen3.5-9b qwen3.5-27b qwen3.5-35b-a3b qwen3.5-122b-a10b qwen3.6-27b qwen3.6-35b-a3b "
     "kimi-k2.5 minimax-m2.5 gemma4-31b-it gemma4-26b-a4b-it"
 ).split()
-EXPLICIT_TAPS = {"qwen3-coder-next"}  # taps that do not follow the default rule (dflash-method.md §2)
+EXPLICIT_TAPS = {"qwen3-coder-next"}  # taps that do not follow the default rule (docs/method.md §2)
 
 
 def entry_dict(slug: str = "custom", **over) -> dict:

@@ -91,12 +91,13 @@ def test_saved_drafter_round_trips(setup, trained):
 
 def test_resume_continues_step_counter_and_optimizer(setup, tmp_path):
     target, tok, examples = setup
-    train(_cfg(tmp_path, steps=3), target, tok, examples)
-    state = torch.load(tmp_path / "d-checkpoint" / STATE_FILE, weights_only=True)
+    train(_cfg(tmp_path, steps=3, keep_checkpoints=True), target, tok, examples)
+    state = torch.load(tmp_path / "d-checkpoint" / "step-00000003" / STATE_FILE, weights_only=True)
     assert state["step"] == 3
-    res = train(_cfg(tmp_path, steps=5), target, tok, examples, resume=True)
+    res = train(_cfg(tmp_path, steps=5, keep_checkpoints=True), target, tok, examples, resume=True)
     assert res.steps == 5
-    state = torch.load(tmp_path / "d-checkpoint" / STATE_FILE, weights_only=True)
+    assert [p.name for p in (tmp_path / "d-checkpoint").iterdir()] == ["step-00000005"]  # the older one went
+    state = torch.load(tmp_path / "d-checkpoint" / "step-00000005" / STATE_FILE, weights_only=True)
     assert state["step"] == 5
     adam_steps = {float(s["step"]) for s in state["optimizer"]["state"].values()}
     assert adam_steps == {5.0}  # 3 before the resume + 2 after: the optimizer state was carried over

@@ -1,6 +1,6 @@
 """Tiny random models for tests: targets from transformers config classes, drafters from DraftConfig.
 
-Greedy paths of tiny random targets hit many near-ties; the LM head is scaled (x8, transformers-5x.md §5)
+Greedy paths of tiny random targets hit many near-ties; the LM head is scaled (x8, docs/compat.md §4)
 so argmax decisions are stable and exact-equality tests test the loop, not rounding.
 """
 

@@ -1,7 +1,7 @@
 """`bench`: autoregressive vs DFlash on the same target and prompt, with a provenance record.
 
 Sources: a real pair (`--target/--draft` or a registry id, via `api.load`), the embedded demo pair, or a
-random-weight target of a named shape (`SHAPES`, from families.md §1/§2; nothing is downloaded).
+random-weight target of a named shape (`SHAPES`, from published config.json files; nothing is downloaded).
 Paths: `eager` (decode.py, the reference) and `fast` (fast.py: static caches + CUDA graphs).
 Reported per path and mode: tok/s (median over repeats), speedup, mean acceptance length + histogram, time to
 first token, peak GPU memory, and the fraction of the bandwidth roofline (streamed weight bytes over a device
@@ -51,14 +51,15 @@ class Shape:
     extra: dict = field(default_factory=dict)
 
 
-CODER_MOE = {  # the MoE fields of Qwen3-Coder-30B-A3B's config (families.md §1)
+CODER_MOE = {  # the MoE fields of Qwen3-Coder-30B-A3B-Instruct's config.json (docs/families.md)
     "num_experts": 128,
     "num_experts_per_tok": 8,
     "moe_intermediate_size": 768,
     "norm_topk_prob": True,
 }
-# families.md §1 (H, L, V, q/kv/hd) and §2 (drafter FFN, B, mask id). Target FFN: Qwen3-8B 12288 (= its
-# drafter's); Llama-3.1-8B 14336 (its config.json); Qwen3.5-9B: the qwen3_5_text config default (12288).
+# the targets' and z-lab drafters' config.json (docs/families.md): H, L, V, q/kv/hd; drafter FFN, B, mask id.
+# Target FFN: Qwen3-8B 12288 (= its drafter's); Llama-3.1-8B 14336 (its config.json); Qwen3.5-9B: the
+# qwen3_5_text config default (12288).
 SHAPES: dict[str, Shape] = {
     "qwen3-8b": Shape("qwen3", 4096, 36, 151936, 32, 8, 128, 12288, 1e6, 151669),
     "qwen3-4b": Shape(
@@ -66,8 +67,8 @@ SHAPES: dict[str, Shape] = {
     ),
     "llama-3.1-8b": Shape("llama", 4096, 32, 128256, 32, 8, 128, 14336, 5e5, 128255, block_size=10),
     "qwen3.5-9b": Shape("qwen3_5_text", 4096, 32, 248320, 16, 4, 256, 12288, 1e7, 248070),
-    # families.md §1/§2: Qwen3-Coder-30B-A3B (48 layers of 128 experts, top 8; rope theta 1e7 assumed, as noted
-    # there) and its 8-layer drafter (FFN 6144 = the target's dense intermediate size)
+    # Qwen3-Coder-30B-A3B (48 layers of 128 experts, top 8; rope theta 1e7 assumed: no source states it, see
+    # docs/families.md) and its 8-layer drafter (FFN 6144 = the target's dense intermediate size)
     "qwen3-coder-30b-a3b": Shape(
         "qwen3_moe", 2048, 48, 151936, 32, 4, 128, 6144, 1e7, 151669, draft_layers=8, extra=CODER_MOE
     ),
@@ -106,6 +107,8 @@ class Subject:
     prompt: list[int]
     source: dict[str, Any]
     placement: Any = None  # a `placement.Placement` when the target is split across devices (eager only)
+    # a prompt set (bench/prompts.py): each repeat decodes all of them; `prompt` is then the longest one
+    prompts: list[list[int]] = field(default_factory=list)
 
 
 # ---- what-if acceptance -----------------------------------------------------------------------------
@@ -201,7 +204,7 @@ def random_subject(
 
 
 def _random_drafter(s: Shape, device: str, dtype: torch.dtype) -> Any:
-    """A random DFlash drafter for shape `s` (families.md §2 sizes for the 8B-class hidden sizes)."""
+    """A random DFlash drafter for shape `s` (z-lab drafter sizes for the 8B-class hidden sizes)."""
     from dflash_zoo.engine.config import default_target_layer_ids, normalize_draft_config
     from dflash_zoo.engine.drafter import DFlashDrafter
 
@@ -238,35 +241,51 @@ def pair_subject(
     dtype: torch.dtype,
     opts: BenchOptions,
     devices: str | None = None,
+    prompt_set: Any = None,
+    raw: bool = False,
 ) -> Subject:
     """A real pair (paths, Hub ids, a registry id) or, with neither, the embedded demo pair.
 
     devices: split the target over these devices ("cuda:0,cuda:1" / "auto"; api.load's `device_map`).
+    prompt_set: a `prompts.PromptSet` to decode (raw: no chat template); None: one fixed prompt.
     """
     from dflash_zoo.api import load
+    from dflash_zoo.bench.prompts import token_ids
 
     pipe = load(target, draft, device=None if devices else device, dtype=dtype, device_map=devices)
-    prompt = benchmeta.text_prompt(
-        pipe.tokenizer, opts.prompt_tokens, pipe.mask_token_id, pipe.drafter.cfg.vocab_size
-    )
+    prompts = []
+    if prompt_set is not None:
+        prompts = token_ids(prompt_set, pipe.tokenizer, opts.prompt_tokens, raw, pipe.chat_template_kwargs)
+        prompt = max(prompts, key=len)
+    else:
+        prompt = benchmeta.text_prompt(
+            pipe.tokenizer, opts.prompt_tokens, pipe.mask_token_id, pipe.drafter.cfg.vocab_size
+        )
     source = {
         "kind": "demo" if target is None and draft is None else "pair",
         "target": target,
         "draft": draft,
         "registry": benchmeta.registry_entry(target),
         "placement": pipe.placement.plan.to_dict() if pipe.placement else None,
+        "prompts": None if prompt_set is None else {"set": prompt_set.name, "count": len(prompts)},
     }
-    return Subject(pipe.adapter, pipe.drafter, pipe.mask_token_id, prompt, source, pipe.placement)
+    return Subject(pipe.adapter, pipe.drafter, pipe.mask_token_id, prompt, source, pipe.placement, prompts)
 
 
 # ---- measuring -------------------------------------------------------------------------------------
 def _measure(
-    fn: Callable[[], GenerationResult], opts: BenchOptions, devices: list[torch.device]
+    fn: Callable[[], GenerationResult],
+    opts: BenchOptions,
+    devices: list[torch.device],
+    warm: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
-    """Median tok/s over `opts.repeats` runs; peak memory summed over `devices` (all of a split target)."""
+    """Median tok/s over `opts.repeats` runs; peak memory summed over `devices` (all of a split target).
+
+    warm: what a warm-up runs (default `fn`; for a prompt set, its longest prompt alone).
+    """
     gpus = [d for d in devices if d.type == "cuda"]
     for _ in range(opts.warmup):
-        fn()
+        (warm or fn)()
     for d in gpus:
         torch.cuda.synchronize(d)
         torch.cuda.reset_peak_memory_stats(d)
@@ -292,13 +311,13 @@ def _runners(path: str, sub: Subject, cfg: GenerationConfig, override, max_len: 
     if path == "eager":
         dev = next(sub.drafter.parameters()).device
 
-        def spec() -> GenerationResult:
-            dec = SpeculativeDecoder(sub.adapter, sub.drafter, sub.prompt, cfg, sub.mask_token_id, override)
+        def spec(prompt: list[int] = sub.prompt) -> GenerationResult:
+            dec = SpeculativeDecoder(sub.adapter, sub.drafter, prompt, cfg, sub.mask_token_id, override)
             for _ in dec:
                 pass
             return dec.result
 
-        return (lambda: autoregressive_generate(sub.adapter, sub.prompt, cfg, dev)), spec, None
+        return (lambda p=sub.prompt: autoregressive_generate(sub.adapter, p, cfg, dev)), spec, None
     from dflash_zoo.cuda.fast import FastEngine
 
     eng = FastEngine(
@@ -311,8 +330,8 @@ def _runners(path: str, sub: Subject, cfg: GenerationConfig, override, max_len: 
         compile=opts.compile,
     )
     ar, spec = (
-        (lambda: eng.autoregressive(sub.prompt, cfg)),
-        (lambda: eng.speculative(sub.prompt, cfg, override)),
+        (lambda p=sub.prompt: eng.autoregressive(p, cfg)),
+        (lambda p=sub.prompt: eng.speculative(p, cfg, override)),
     )
     return ar, spec, eng
 
@@ -333,6 +352,8 @@ def _engine_settings(eng: Any) -> dict[str, Any]:
 
 def run_bench(sub: Subject, opts: BenchOptions, argv: list[str] | None = None) -> dict[str, Any]:
     """Measure every requested path; returns the JSON record (schema `SCHEMA`)."""
+    from dflash_zoo.bench.prompts import over_set
+
     device = next(sub.drafter.parameters()).device
     devices = [torch.device(d) for d in sub.placement.plan.devices] if sub.placement else [device]
     if sub.placement and "fast" in opts.paths:
@@ -349,7 +370,10 @@ def run_bench(sub: Subject, opts: BenchOptions, argv: list[str] | None = None) -
     for path in opts.paths:
         log.info("bench: %s path", path)
         ar_fn, spec_fn, eng = _runners(path, sub, cfg, override, len(sub.prompt) + new_tokens, opts)
-        ar, spec = _measure(ar_fn, opts, devices), _measure(spec_fn, opts, devices)
+        if sub.prompts:  # each repeat decodes the whole set; a warm-up only its longest prompt (`sub.prompt`)
+            ar, spec = (_measure(over_set(f, sub.prompts), opts, devices, warm=f) for f in (ar_fn, spec_fn))
+        else:
+            ar, spec = _measure(ar_fn, opts, devices), _measure(spec_fn, opts, devices)
         benchmeta.add_roofline(ar, spec, wbytes, bw)
         results[path] = {
             "autoregressive": ar,
@@ -375,7 +399,7 @@ def run_bench(sub: Subject, opts: BenchOptions, argv: list[str] | None = None) -
             "new_tokens_effective": new_tokens,
             "block_size": block,
         },
-        "subject": {**sub.source, "prompt_tokens": len(sub.prompt), "weight_bytes": wbytes},
+        "subject": {**sub.source, "prompt_tokens": len(sub.prompt), "weight_bytes": wbytes},  # longest prompt
         "device": {"type": device.type, "copy_bandwidth_bytes_per_s": bw},
         "results": results,
         "provenance": benchmeta.provenance(argv if argv is not None else sys.argv, device),

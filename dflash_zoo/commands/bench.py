@@ -1,28 +1,38 @@
-"""`bench`: a thin click wrapper over `dflash_zoo.bench.runner` (data on stdout, progress on stderr)."""
+"""`bench`: a thin click wrapper over `dflash_zoo.bench.runner` (data on stdout, progress on stderr).
+
+The record's location is checked before anything is measured, and the results are printed before the record
+is written, so a bad `DFLASH_ZOO_HOME` or `--out` costs no measurement. The embedded demo pair is measured on
+its held-out standard-library files (`bench/prompts.py`); `--prompts FILE.jsonl` gives any pair a prompt set.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import click
 
 from dflash_zoo.commands.run import devices_option
-from dflash_zoo.output import emit_json, info, stdout, table
+from dflash_zoo.errors import ZooError
+from dflash_zoo.output import emit_json, human_size, info, stdout, table
 
 EXAMPLES = """
 \b
 Examples:
-  dflash-zoo bench                                        # embedded demo pair
+  dflash-zoo bench                                        # demo pair, its held-out stdlib files
   dflash-zoo bench --shape qwen3-8b --what-if-acceptance 6.5
   dflash-zoo bench --shape qwen3-8b --what-if-acceptance 6.5 --compile
-  dflash-zoo bench qwen3-8b --prompt-tokens 512 --new-tokens 512
+  dflash-zoo bench qwen3-8b --prompt-tokens 512 --max-new-tokens 512
+  dflash-zoo bench qwen3-8b --prompts prompts.jsonl --limit 20
   dflash-zoo bench --target Qwen/Qwen3-8B --draft z-lab/Qwen3-8B-DFlash-b16 --path eager --path fast
   dflash-zoo bench --shape qwen3-32b --devices cuda:0,cuda:1 --what-if-acceptance 6.5   # split, eager
 \b
 Environment: DFLASH_ZOO_HOME (results go to $DFLASH_ZOO_HOME/bench/), HF_HOME, HF_HUB_OFFLINE=1.
 """
+FIXED_PROMPT_TOKENS, FIXED_NEW_TOKENS = 512, 512  # one fixed prompt (or a random one for --shape)
 
 
 @click.command(epilog=EXAMPLES)
@@ -32,8 +42,32 @@ Environment: DFLASH_ZOO_HOME (results go to $DFLASH_ZOO_HOME/bench/), HF_HOME, H
 @click.option(
     "--shape", help="Random-weight target of a named shape (qwen3-8b, qwen3.5-9b, ...; no download)."
 )
-@click.option("--prompt-tokens", type=click.IntRange(min=1), default=512, show_default=True)
-@click.option("--new-tokens", type=click.IntRange(min=2), default=512, show_default=True)
+@click.option(
+    "--prompts",
+    "prompts_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="JSONL prompts, the line formats of `eval --data` (default: one fixed prompt; the demo pair: "
+    "its held-out stdlib files).",
+)
+@click.option("--raw", is_flag=True, help="No chat template for prompt / messages lines of --prompts.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts of a set.")
+@click.option(
+    "--prompt-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help=f"Prompt length (default {FIXED_PROMPT_TOKENS}); with a prompt set, the prefix length of text lines "
+    "(default 32, as in eval).",
+)
+@click.option(
+    "--max-new-tokens",
+    "-n",
+    "new_tokens",
+    type=click.IntRange(min=2),
+    default=None,
+    help=f"Tokens to generate (default {FIXED_NEW_TOKENS}; 256 with a prompt set, as in eval).",
+)
+@click.option("--new-tokens", "new_tokens_alias", type=click.IntRange(min=2), default=None, hidden=True)
 @click.option("--block-size", type=click.IntRange(min=2), default=None, help="Default: the drafter's.")
 @click.option("--dtype", default="auto", show_default=True, help="auto, bf16, fp16 or fp32.")
 @click.option("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available).")
@@ -72,8 +106,15 @@ Environment: DFLASH_ZOO_HOME (results go to $DFLASH_ZOO_HOME/bench/), HF_HOME, H
     help="JSON record path (default: $DFLASH_ZOO_HOME/bench/<time>-<name>.json).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON record on stdout.")
-def bench(entry, target, draft, shape, dtype, device, devices, paths, out, as_json, compile_steps, **kw):
-    """Autoregressive vs DFlash speed on one target and prompt, with a provenance record."""
+def bench(
+    entry, target, draft, shape, dtype, device, devices, paths, out, as_json, compile_steps,
+    prompts_file, raw, limit, prompt_tokens, new_tokens, new_tokens_alias, **kw,
+) -> None:  # fmt: skip
+    """Autoregressive vs DFlash speed on one target and a prompt (or a prompt set), with a provenance record.
+
+    Each of --repeats runs decodes the prompt (or every prompt of the set) once; the table gives the median
+    tok/s and the range over the repeats, and a warning when they spread widely.
+    """
 
     from dflash_zoo.api import parse_dtype, resolve_devices
     from dflash_zoo.bench import meta as benchmeta
@@ -89,6 +130,15 @@ def bench(entry, target, draft, shape, dtype, device, devices, paths, out, as_js
         raise click.UsageError("a target split across devices runs the eager path only (--path eager)")
     if shape and shape not in B.SHAPES:
         raise click.UsageError(f"unknown shape {shape!r}; known: {', '.join(B.SHAPES)}")
+    if shape and (prompts_file or raw or limit):
+        raise click.UsageError("--shape builds a random target without a tokenizer: no --prompts, --raw, --limit")
+    record_path = out or benchmeta.default_out(shape or entry or target or "demo")
+    _check_record_location(record_path, explicit=out is not None)
+    # inputs before any model: a missing or malformed prompt file fails here
+    prompt_set = _prompt_set(prompts_file, limit, demo=not (shape or entry or target))
+    if prompt_set is not None:
+        info(f"prompts: {prompt_set.name}")
+    kw |= _lengths(prompt_set is not None, prompt_tokens, new_tokens or new_tokens_alias)
     # a split target: its first device sets the dtype default
     device, split = resolve_devices(devices, device)
     torch_dtype = parse_dtype(dtype, device)
@@ -98,7 +148,7 @@ def bench(entry, target, draft, shape, dtype, device, devices, paths, out, as_js
     if shape:
         sub = B.random_subject(shape, device, torch_dtype, opts, split)
     else:
-        sub = B.pair_subject(entry or target, draft, device, torch_dtype, opts, devices)
+        sub = B.pair_subject(entry or target, draft, device, torch_dtype, opts, devices, prompt_set, raw)
     if not paths:
         from dflash_zoo.cuda.fast import unsupported_reason
 
@@ -106,14 +156,78 @@ def bench(entry, target, draft, shape, dtype, device, devices, paths, out, as_js
         reason = "split target" if sub.placement else unsupported_reason(sub.adapter, graphs=graphs)
         opts = B.BenchOptions(**{**vars(opts), "paths": ("eager",) if reason else ("fast",)})
     record = B.run_bench(sub, opts, ["dflash-zoo", *sys.argv[1:]])
-    path = out or benchmeta.default_out(shape or entry or target or "demo")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    info(f"record written to {path}")
     if as_json:
         emit_json(record)
     else:
         _print_table(record)
+    _warn_spread(record)
+    _write_record(record_path, record)
+    info(f"record written to {record_path}")
+
+
+def _prompt_set(path: Path | None, limit: int | None, demo: bool):
+    """--prompts FILE; else, for the demo pair, its held-out stdlib files; else None (one fixed prompt)."""
+    from dflash_zoo.bench import prompts
+
+    if path is not None:
+        return prompts.from_jsonl(path, limit)
+    return prompts.held_out_stdlib(limit=limit) if demo else None
+
+
+def _lengths(prompt_set: bool, prompt_tokens: int | None, new_tokens: int | None) -> dict[str, int]:
+    """Defaults: eval's (32 / 256) for a prompt set, 512 / 512 for one fixed or random prompt."""
+    from dflash_zoo.bench import prompts
+
+    pt, nt = (prompts.PROMPT_TOKENS, prompts.NEW_TOKENS) if prompt_set else (FIXED_PROMPT_TOKENS, FIXED_NEW_TOKENS)
+    return {"prompt_tokens": prompt_tokens or pt, "new_tokens": new_tokens or nt}
+
+
+def _check_record_location(path: Path, explicit: bool) -> None:
+    """Before measuring: the record's folder must be writable (a probe file is created and removed)."""
+    if explicit and path.exists():
+        raise click.UsageError(f"--out {path} exists; bench does not overwrite a file: pass another path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".probe"):
+            pass
+    except OSError as exc:
+        raise ZooError(
+            f"cannot write the bench record in {path.parent}: {exc.strerror or exc}",
+            hint="set DFLASH_ZOO_HOME to a writable folder, or pass --out FILE",
+        ) from exc
+
+
+def _write_record(path: Path, record: dict) -> None:
+    """Into a temporary sibling, then renamed into place (a reader never sees half a record)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(record, indent=2, default=str) + "\n")
+        if path.exists():  # appeared while measuring: keep it
+            raise ZooError(f"{path} appeared while measuring; the record is in {tmp}")
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise ZooError(
+            f"cannot write the bench record {path}: {exc.strerror or exc}",
+            hint="the results above are complete; rerun with --out FILE to keep a record",
+        ) from exc
+
+
+def _warn_spread(record: dict) -> None:
+    """Repeats far apart (a busy machine, a short warm-up): the median alone would mislead."""
+    from dflash_zoo.bench.prompts import WIDE_SPREAD, spread
+
+    for path, r in record["results"].items():
+        for mode in ("autoregressive", "dflash"):
+            runs = r[mode]["tokens_per_second_runs"]
+            s = spread(runs)
+            if len(runs) > 1 and s.wide:
+                info(
+                    f"warning: {path} {mode}: repeats gave {s.low:.1f} / {s.median:.1f} / {s.high:.1f} tok/s "
+                    f"(min / median / max, more than {WIDE_SPREAD:.2f}x apart): the machine is busy or the "
+                    "warm-up too short; rerun on a quiet machine with more --warmup / --repeats"
+                )
 
 
 def _fmt(x, spec: str) -> str:
@@ -121,27 +235,31 @@ def _fmt(x, spec: str) -> str:
 
 
 def _print_table(record: dict) -> None:
+    from dflash_zoo.bench.prompts import spread
+
     rows = []
     for path, r in record["results"].items():
         for mode in ("autoregressive", "dflash"):
             m = r[mode]
             mem = m["peak_memory_bytes"]
+            s = spread(m["tokens_per_second_runs"])
             rows.append(
                 [
                     path,
                     mode,
                     _fmt(m["tokens_per_second"], ".1f"),
+                    f"{s.low:.1f}-{s.high:.1f}",
                     _fmt(r["speedup"], ".2f") + "x" if mode == "dflash" else "",
                     _fmt(m["mean_acceptance_length"], ".2f"),
                     _fmt(m["ttft_seconds"] * 1e3, ".0f"),
-                    _fmt(None if mem is None else mem / 2**30, ".2f"),
+                    "-" if mem is None else human_size(mem),
                     _fmt(m["roofline_fraction"], ".0%"),
                 ]
             )
     title = None
     if record["kind"] == "projection":
         title = f"PROJECTION: what-if acceptance {record['projection']['what_if_acceptance']}"
-    cols = ["path", "mode", "tok/s", "speedup", "tau", "ttft ms", "peak GiB", "roofline"]
+    cols = ["path", "mode", "tok/s", "min-max", "speedup", "tau", "ttft ms", "peak mem", "roofline"]
     stdout().print(table(cols, rows, title=title))
     for path, r in record["results"].items():
         if r.get("capture_seconds") is not None:  # one-off costs, outside tok/s

@@ -1,19 +1,25 @@
-"""`pull`, `rm`, `env`, `serve`: thin click wrappers over `dflash_zoo.zoo.hub` and `dflash_zoo.zoo.serve`.
+"""`pull`, `rm`, `env`: thin click wrappers over `dflash_zoo.zoo.hub` and `dflash_zoo.zoo.removal`.
 
-IDs are registry entries (slug, alias or repo id) or plain Hub repo ids. Data goes to stdout (paths, tables,
-JSON); progress, sizes and hints go to stderr. Torch is imported only by `env`, lazily.
+`pull` and `rm` take registry ids (slug or alias: the entry's drafter, plus its target with `--with-target`)
+or exact Hub repo ids, which always act on that repo, even when it is some entry's target (`jobs_for`); each
+says which repos it touches before touching them. `resolve` (registry first, for any name) is kept for
+`serve`. Data goes to stdout (paths, tables, byte counts, JSON); progress and hints go to stderr. Torch is
+imported only by `env`, lazily.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import click
 
-from dflash_zoo.errors import NotFoundError
+from dflash_zoo.errors import NotFoundError, ZooError
 from dflash_zoo.output import emit_json, hint, human_size, info, stdout, table
 from dflash_zoo.zoo import hub
 
@@ -22,7 +28,7 @@ HUB_ENV = """
 Environment:
   HF_HOME, HF_HUB_CACHE   the Hugging Face cache (models are stored there)
   HF_ENDPOINT             Hub URL (default https://huggingface.co)
-  HF_HUB_OFFLINE=1        never touch the network (same as --offline)
+  HF_HUB_OFFLINE=1        never touch the network (pull: same as --offline)
   HF_TOKEN                token for gated repos
   DFLASH_ZOO_HOME         zoo state (the lock file of pulled revisions)
   DFLASH_ZOO_REGISTRY     an extra registry file
@@ -62,6 +68,76 @@ def _looks_like_repo(name: str) -> bool:
     return len(parts) == 2 and all(parts) and not name.startswith((".", "/"))
 
 
+@dataclass(frozen=True)
+class Job:
+    """One repo that `pull` / `rm` acts on: `role` says why (shown before acting); `entry` gets the pins."""
+
+    repo_id: str
+    revision: str | None
+    role: str
+    entry: Any = None  # set for registry ids only: their pull records pins in the lock file
+    side: str | None = None  # "draft" or "target" of `entry`
+
+
+def jobs_for(name: str, with_target: bool, revision: str | None = None) -> list[Job]:
+    """The repos NAME means: a slug / alias is the entry's drafter (and target with `with_target`); an exact
+    repo id is that repo and nothing else, even when the registry knows it as some entry's target."""
+    from dflash_zoo.zoo.registry import load_registry
+
+    registry = load_registry()
+    found = registry.lookup(name)
+    if found is not None and found[1] in ("slug", "alias"):
+        entry = found[0]
+        jobs = [
+            Job(
+                entry.draft_repo, revision or entry.draft_revision, f"drafter of {entry.slug}", entry, "draft"
+            )
+        ]
+        if with_target:
+            target_rev = getattr(entry, "target_revision", None) or "main"  # field added by the registry
+            jobs.append(Job(entry.target_repo, target_rev, f"target of {entry.slug}", entry, "target"))
+        return jobs
+    if found is None and not _looks_like_repo(name):
+        registry.resolve(name)  # raises NotFoundError with the nearest names
+    repo_id, role = _repo_role(found, name)
+    if with_target:
+        ctx = click.get_current_context(silent=True)
+        verb = ctx.info_name if ctx is not None and ctx.info_name else "pull"
+        also = (
+            f"; `dflash-zoo {verb} {found[0].slug} --with-target` acts on that entry's pair" if found else ""
+        )
+        raise click.UsageError(f"--with-target needs a registry id, and {name} is a repo id{also}")
+    return [Job(repo_id, revision, role)]
+
+
+def _repo_role(found: tuple[Any, str] | None, name: str) -> tuple[str, str]:
+    """The repo id in the registry's spelling (ids match case-insensitively) and a role naming its entry."""
+    if found is None:
+        return name, "repo id"
+    entry, how = found
+    names = {"target": [entry.target_repo], "draft": [entry.draft_repo], "variant": list(entry.variants)}[how]
+    repo_id = next((n for n in names if n.lower() == name.strip().lower()), name)
+    what = {"target": "the target", "draft": "the drafter", "variant": "a variant"}[how]
+    return repo_id, f"repo id, {what} of {entry.slug}"
+
+
+@contextmanager
+def _json_errors(as_json: bool) -> Iterator[None]:
+    """With --json, a failure also prints one JSON object (error, hint, exit_code) on stdout; the exit
+    code and the one-line stderr message are those of any other failure."""
+    try:
+        yield
+    except (ZooError, click.ClickException) as exc:
+        if as_json:
+            message = exc.message if isinstance(exc, click.ClickException) else str(exc)
+            emit_json({"error": message, "hint": getattr(exc, "hint", None), "exit_code": exc.exit_code})
+        raise
+
+
+def _zoo_home_var() -> str:
+    return "DFLASH_ZOO_HOME" if os.environ.get("DFLASH_ZOO_HOME") else "DFLASH_ZOO_HOME unset, so the default"
+
+
 # pull ------------------------------------------------------------------------------------------------------
 @click.command(epilog=HUB_ENV)
 @click.argument("model_id")
@@ -70,48 +146,104 @@ def _looks_like_repo(name: str) -> bool:
     "--revision", default=None, help="Draft revision (branch, tag or sha); default: the registry pin."
 )
 @click.option("--dry-run", is_flag=True, help="List files and total size; download nothing.")
-@click.option("--offline", is_flag=True, help="Use the cache only (like HF_HUB_OFFLINE=1).")
+@click.option("--offline", is_flag=True, help="Use the cache only (like HF_HUB_OFFLINE=1); records no pins.")
+@click.option("--verify", is_flag=True, help="Re-hash every cached file (small files are always re-hashed).")
+@click.option(
+    "--force", is_flag=True, help="Fetch cached files again (with --verify: only those that fail it)."
+)
 @click.option("-q", "--quiet", is_flag=True, help="Print only the snapshot path(s); no progress.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def pull(model_id, with_target, revision, dry_run, offline, quiet, as_json):
-    """Download a drafter (and optionally its target) into the Hugging Face cache.
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (also on failure).")
+def pull(model_id, with_target, revision, dry_run, offline, verify, force, quiet, as_json):
+    """Download a drafter (and optionally its target) into the Hugging Face cache, verified.
 
-    Prints the local snapshot path. A second pull downloads nothing.
+    MODEL_ID is a registry id (its drafter; --with-target adds its target) or an exact Hub repo id (that
+    repo only). Every file is checked against the Hub's sha256 before it is stored; an interrupted pull
+    resumes. Prints the local snapshot path; a registry id's commits are recorded in the lock file.
 
     \b
     Examples:
       dflash-zoo pull qwen3-8b                    # the drafter at its pinned revision
       dflash-zoo pull qwen3-8b --with-target      # drafter + target
       dflash-zoo pull z-lab/Qwen3-8B-DFlash-b16 --revision main
-      dflash-zoo pull qwen3-8b --dry-run --json   # files and sizes only
+      dflash-zoo pull qwen3-8b --verify --force   # re-hash the cache, re-fetch what is corrupt
       HF_HUB_OFFLINE=1 dflash-zoo pull qwen3-8b -q   # path of the cached copy, or what is missing
     """
-    ref = resolve(model_id)
-    jobs = [(ref.repo_id, revision or ref.revision)]
-    if with_target:
-        if ref.entry is None:
-            raise click.UsageError(
-                "--with-target needs a registry entry (a plain repo id has no known target)"
-            )
-        jobs.append((ref.entry.target_repo, None))
+    with _json_errors(as_json):
+        _pull(model_id, with_target, revision, dry_run, offline, verify, force, quiet, as_json)
+
+
+def _pull(model_id, with_target, revision, dry_run, offline, verify, force, quiet, as_json) -> None:
+    jobs = jobs_for(model_id, with_target, revision)
     offline = offline or hub.is_offline()
-    plans = [hub.plan_pull(repo, rev, offline=offline, name=model_id) for repo, rev in jobs]
-    for plan in plans:
-        if not quiet and not as_json:
-            _describe(plan)
+    if offline and force:
+        raise click.UsageError("--force fetches files again and needs the network: drop --offline")
+    plans = [hub.plan_pull(j.repo_id, j.revision, offline=offline, name=model_id) for j in jobs]
+    loud = not (quiet or as_json)
+    for job, plan in zip(jobs, plans, strict=True):
+        if loud:
+            _describe(job, plan)
     if dry_run:
         return _show_plans(plans, as_json, quiet)
-    progress = not (quiet or as_json) and sys.stderr.isatty()
-    results = [hub.download(plan, progress=progress) for plan in plans]
-    if ref.entry is not None:
-        from dflash_zoo.zoo.registry import write_lock
+    refetch = _check_cached(plans, verify, force, model_id, loud)
+    if offline:  # the cache only: nothing to download, and no pins (nothing was resolved on the Hub)
+        results = [hub.PullResult(p.repo_id, p.revision, p.commit, p.path, 0, True) for p in plans]
+        return _show_results(plans, results, as_json, quiet, None)
+    entry = jobs[0].entry
+    if entry is not None:
+        from dflash_zoo.zoo.registry import lock_path
 
-        write_lock(ref.entry.slug, ref.repo_id, jobs[0][1] or "main", results[0].commit)
-    _show_results(plans, results, as_json, quiet)
+        hub.ensure_writable(lock_path().parent, "the zoo state folder", _zoo_home_var())
+    need = sum(hub.bytes_to_fetch(p, r) for p, r in zip(plans, refetch, strict=True))
+    hub.check_space(need, [p.repo_id for p in plans])
+    progress = loud and sys.stderr.isatty()
+    results = [hub.download(p, progress=progress, refetch=r) for p, r in zip(plans, refetch, strict=True)]
+    _show_results(plans, results, as_json, quiet, _record_pins(jobs, results) if entry is not None else None)
 
 
-def _describe(plan: hub.PullPlan) -> None:
-    head = f"{plan.repo_id} @ {plan.revision} ({plan.commit[:12]}): {len(plan.files)} files, "
+def _check_cached(plans: list[hub.PullPlan], verify: bool, force: bool, name: str, loud: bool) -> list[set]:
+    """Re-hash cached files; returns, per plan, paths to fetch again; corrupt ones fail without --force."""
+    from dflash_zoo.zoo.fetch import IntegrityError, digest_kind
+
+    refetch, corrupt = [], []
+    for plan in plans:
+        bad = hub.verify(plan, everything=verify)
+        corrupt += bad
+        refetch.append({f.path for f in plan.files} if force and not verify else {c.path for c in bad})
+    for c in corrupt:
+        info(f"corrupt: {c.path} of {c.repo_id} ({digest_kind(c.expected)} {c.actual[:12]}, "
+             f"expected {c.expected[:12]})")  # fmt: skip
+    if corrupt and not force:
+        names = ", ".join(f"{c.path} of {c.repo_id}" for c in corrupt)
+        raise IntegrityError(
+            f"{len(corrupt)} cached file(s) failed verification: {names}",
+            hint=f"run `dflash-zoo pull {name} --verify --force` to fetch them again",
+        )
+    if verify and loud and not corrupt:
+        info(f"verified {sum(f.cached for p in plans for f in p.files)} cached file(s)")
+    return refetch
+
+
+def _record_pins(jobs: list[Job], results: list[hub.PullResult]) -> dict[str, Any] | None:
+    """Write the resolved draft (and target) commits of the registry entry to the lock file."""
+    from dflash_zoo.zoo.registry import read_lock, write_lock
+
+    by_side = {j.side: (j, r) for j, r in zip(jobs, results, strict=True)}
+    (draft, draft_res), target = by_side["draft"], by_side.get("target")
+    entry = draft.entry
+    write_lock(
+        entry.slug,
+        draft.repo_id,
+        draft.revision or "main",
+        draft_res.commit,
+        target_repo=entry.target_repo,
+        target_revision=target[0].revision if target else None,
+        target_commit=target[1].commit if target else None,
+    )
+    return read_lock().get(entry.slug)
+
+
+def _describe(job: Job, plan: hub.PullPlan) -> None:
+    head = f"{plan.repo_id} ({job.role}) @ {plan.revision} ({plan.commit[:12]}): {len(plan.files)} files, "
     if plan.up_to_date:
         info(head + f"{human_size(plan.total_bytes)}, already up to date")
     else:
@@ -119,7 +251,7 @@ def _describe(plan: hub.PullPlan) -> None:
 
 
 def _plan_dict(plan: hub.PullPlan) -> dict[str, Any]:
-    files = [{"path": f.path, "size": f.size, "cached": f.cached} for f in plan.files]
+    files = [{"path": f.path, "size": f.size, "cached": f.cached, "digest": f.digest} for f in plan.files]
     return {"repo_id": plan.repo_id, "revision": plan.revision, "commit": plan.commit, "path": str(plan.path),
             "total_bytes": plan.total_bytes, "missing_bytes": plan.missing_bytes, "files": files}  # fmt: skip
 
@@ -137,73 +269,119 @@ def _show_plans(plans: list[hub.PullPlan], as_json: bool, quiet: bool) -> None:
         hint("dry run: nothing downloaded")
 
 
-def _show_results(plans, results: list[hub.PullResult], as_json: bool, quiet: bool) -> None:
+def _show_results(plans, results: list[hub.PullResult], as_json: bool, quiet: bool, lock: Any) -> None:
     if as_json:
-        repos = [{**_plan_dict(p), "downloaded_bytes": r.downloaded_bytes, "up_to_date": r.up_to_date}
-                 for p, r in zip(plans, results, strict=True)]  # fmt: skip
-        return emit_json({"dry_run": False, "repos": repos})
+        repos = [{**_plan_dict(p), "downloaded_bytes": r.downloaded_bytes, "up_to_date": r.up_to_date,
+                  "fetched": list(r.fetched)} for p, r in zip(plans, results, strict=True)]  # fmt: skip
+        return emit_json({"dry_run": False, "repos": repos, "lock": lock})
     for result in results:
-        if not quiet and not result.up_to_date:
-            info(f"downloaded {human_size(result.downloaded_bytes)} of {result.repo_id}")
+        if not quiet and result.fetched:
+            n = result.downloaded_bytes
+            note = "" if n else " (another process had fetched the files)"
+            info(f"downloaded {human_size(n)} ({n} bytes) of {result.repo_id}{note}")
         click.echo(str(result.path))
 
 
 # rm --------------------------------------------------------------------------------------------------------
 @click.command(epilog=HUB_ENV)
 @click.argument("model_ids", nargs=-1, required=True)
+@click.option("--with-target", is_flag=True, help="For registry ids: also remove the entry's target model.")
 @click.option(
     "--dry-run", is_flag=True, help="Show what would be deleted and the space freed; delete nothing."
 )
 @click.option(
     "-y", "--yes", is_flag=True, help="Do not ask for confirmation (required when not interactive)."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def rm(model_ids, dry_run, yes, as_json):
-    """Remove every cached revision of one or more drafters from the Hugging Face cache.
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (also on failure).")
+def rm(model_ids, with_target, dry_run, yes, as_json):
+    """Remove repos from the Hugging Face cache: every revision, and partial downloads left behind.
+
+    A registry id removes the entry's drafter (and its target with --with-target); an exact repo id removes
+    that repo only. The lock-file pins of what is removed are forgotten. Prints the bytes freed.
 
     \b
     Examples:
-      dflash-zoo rm qwen3-8b                      # asks before deleting
-      dflash-zoo rm qwen3-8b llama3.1-8b --yes
-      dflash-zoo rm z-lab/Qwen3-8B-DFlash-b16 --dry-run
+      dflash-zoo rm qwen3-8b                      # the drafter; asks before deleting
+      dflash-zoo rm qwen3-8b --with-target --yes  # drafter and target
+      dflash-zoo rm Qwen/Qwen3-8B --dry-run       # that repo only
       dflash-zoo rm qwen3-8b --yes --json
     """
-    plan = hub.plan_removal([resolve(name).repo_id for name in model_ids])
+    with _json_errors(as_json):
+        _rm(model_ids, with_target, dry_run, yes, as_json)
+
+
+def _rm(model_ids, with_target, dry_run, yes, as_json) -> None:
+    from dflash_zoo.zoo import removal
+    from dflash_zoo.zoo.registry import drop_pins, lock_path, read_lock
+
+    roles: dict[str, str] = {}
+    for name in model_ids:
+        for job in jobs_for(name, with_target):
+            roles.setdefault(job.repo_id, job.role)
+    plan = removal.plan_removal(list(roles))
     for repo_id in plan.not_cached:
-        info(f"{repo_id}: not cached")
-    if not plan.revisions:
-        return emit_json(_rm_dict(plan, 0, dry_run)) if as_json else info("nothing to delete")
+        info(f"{repo_id} ({roles[repo_id]}): not cached")
+    if not plan.repos:
+        return emit_json(_rm_dict(plan, roles, 0, dry_run, [])) if as_json else info("nothing to delete")
     if not as_json:
-        rows = [
-            (r.repo_id, r.commit[:12], ",".join(r.refs), human_size(r.size_bytes)) for r in plan.revisions
-        ]
-        stdout().print(table(["repo", "revision", "refs", "size"], rows))
+        for repo in plan.repos:
+            verb = "would remove" if dry_run else "removing"
+            info(f"{verb} {repo.repo_id} ({roles[repo.repo_id]}) from {repo.folder.parent}")
+        stdout().print(table(["repo", "revision", "refs", "size"], _rm_rows(plan)))
     if dry_run:
         if as_json:
-            return emit_json(_rm_dict(plan, 0, True))
-        return info(f"dry run: would free {human_size(plan.expected_freed_bytes)}")
+            return emit_json(_rm_dict(plan, roles, 0, True, []))
+        click.echo(f"would free {human_size(plan.expected_freed_bytes)} ({plan.expected_freed_bytes} bytes)")
+        return hint("dry run: nothing deleted")
     _confirm(plan, yes, as_json)
-    freed = hub.execute_removal(plan)
+    removed = [r.repo_id for r in plan.repos]
+    lock = read_lock()
+    pinned = {str(rec.get(k, "")).lower() for rec in lock.values() for k in ("draft_repo", "target_repo")}
+    if any(r.lower() in pinned for r in removed):  # check before deleting that the pins can be dropped
+        hub.ensure_writable(lock_path().parent, "the zoo state folder", _zoo_home_var())
+    freed = removal.execute_removal(plan)
+    dropped = drop_pins(removed)
     if as_json:
-        return emit_json(_rm_dict(plan, freed, False))
+        return emit_json(_rm_dict(plan, roles, freed, False, dropped))
     click.echo(f"freed {human_size(freed)} ({freed} bytes)")
+    if dropped:
+        info(f"lock pins removed: {', '.join(dropped)}")
 
 
-def _confirm(plan: hub.RemovalPlan, yes: bool, as_json: bool) -> None:
+def _rm_rows(plan: Any) -> list[tuple[str, ...]]:
+    rows = []
+    for repo in plan.repos:
+        rows += [
+            (repo.repo_id, r.commit[:12], ",".join(r.refs), human_size(r.size_bytes)) for r in repo.revisions
+        ]
+        rows += [(repo.repo_id, "partial download", "", human_size(p.size)) for p in repo.partials]
+    return rows
+
+
+def _confirm(plan: Any, yes: bool, as_json: bool) -> None:
     """Ask on a TTY; without one (or with --json) refuse unless --yes was given."""
     if yes:
         return
     if as_json or not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise click.UsageError("refusing to delete without confirmation in non-interactive mode: pass --yes")
     size = human_size(plan.expected_freed_bytes)
-    click.confirm(f"delete {len(plan.revisions)} revision(s), freeing {size}?", abort=True, err=True)
+    names = ", ".join(r.repo_id for r in plan.repos)
+    click.confirm(f"delete {names} from the cache, freeing {size}?", abort=True, err=True)
 
 
-def _rm_dict(plan: hub.RemovalPlan, freed: int, dry_run: bool) -> dict[str, Any]:
+def _rm_dict(
+    plan: Any, roles: dict[str, str], freed: int, dry_run: bool, dropped: list[str]
+) -> dict[str, Any]:
+    repos = [
+        {"repo_id": r.repo_id, "role": roles[r.repo_id], "folder": str(r.folder), "size_bytes": r.size_bytes,
+         "partial_files": [{"path": str(p.path), "size": p.size, "in_use": p.in_use} for p in r.partials]}
+        for r in plan.repos
+    ]  # fmt: skip
     revs = [{"repo_id": r.repo_id, "commit": r.commit, "refs": list(r.refs), "size_bytes": r.size_bytes,
              "path": str(r.path)} for r in plan.revisions]  # fmt: skip
-    return {"dry_run": dry_run, "revisions": revs, "not_cached": list(plan.not_cached),
-            "expected_freed_bytes": plan.expected_freed_bytes, "bytes_freed": freed}  # fmt: skip
+    return {"dry_run": dry_run, "repos": repos, "revisions": revs, "not_cached": list(plan.not_cached),
+            "expected_freed_bytes": plan.expected_freed_bytes, "bytes_freed": freed,
+            "pins_removed": dropped}  # fmt: skip
 
 
 # env -------------------------------------------------------------------------------------------------------
@@ -240,9 +418,12 @@ def env_report() -> dict[str, Any]:
                               "platform": platform.platform()}  # fmt: skip
     report.update(_torch_report())
     report |= {"transformers": ver("transformers"), "huggingface_hub": ver("huggingface_hub")}
-    report["triton"] = ver("triton")  # the CUDA fast path's kernels (dflash_zoo/kernels.py)
+    report["triton"] = ver("triton")  # the CUDA fast path's kernels (dflash_zoo/cuda/kernels.py)
     report |= {"hf_home": str(hub.hf_home()), "hf_hub_cache": str(hub.hub_cache_dir()),
                "hf_endpoint": hub.hub_endpoint(), "dflash_zoo_home": _zoo_home(), "offline": hub.is_offline()}  # fmt: skip
+    from dflash_zoo import demo
+
+    report |= demo.report()  # the embedded pair's folders: `train --target <demo_target>`
     return report
 
 

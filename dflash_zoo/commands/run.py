@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 import click
@@ -93,6 +94,7 @@ def load_pipeline(target, draft, device, dtype, revision, draft_revision, device
     from dflash_zoo.api import load
 
     transformers.utils.logging.disable_progress_bar()  # our own spinner says what is happening
+    check_device(device)
 
     with stderr().status("loading models...", spinner="dots"):
         pipe = load(
@@ -103,11 +105,42 @@ def load_pipeline(target, draft, device, dtype, revision, draft_revision, device
             revision=revision,
             draft_revision=draft_revision,
             device_map=devices,
+            compile=compile_steps,
         )
     if compile_steps and (pipe.device.type != "cuda" or pipe.placement is not None):
-        hint("--compile applies to the single-GPU fast path only; ignored here")
-    pipe.compile = compile_steps
+        hint("--compile applies to the single-GPU fast engine only; ignored here")
     return pipe
+
+
+def check_device(device: str | None) -> None:
+    """Refuse a --device torch cannot parse (usage, exit 2) or a GPU this machine lacks (exit 1), before
+    anything loads; torch's own errors ("Torch not compiled with CUDA enabled") name no next step."""
+    import torch
+
+    from dflash_zoo.errors import InvalidArgumentError, ZooError, no_gpu_error
+
+    if device is None:
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise InvalidArgumentError(
+            f"unknown device {device!r}", hint="use cpu, cuda or cuda:N (N counts from 0), or leave --device out"
+        ) from None
+    if dev.type == "cpu":
+        return
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise no_gpu_error(device)
+    available = getattr(getattr(torch, dev.type, None), "is_available", None)  # torch.mps, torch.xpu, ...
+    if available is None or not available():
+        raise ZooError(f"device {device!r} is not available here", hint="use --device cpu, or leave it out")
+    if dev.type != "cuda":
+        return
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ZooError(
+            f"device {device!r} does not exist: torch sees {torch.cuda.device_count()} CUDA GPU(s)",
+            hint="cuda:0 is the first GPU; `dflash-zoo env` lists them",
+        )
 
 
 def gen_kwargs(params: dict[str, Any]) -> dict[str, Any]:
@@ -117,8 +150,9 @@ def gen_kwargs(params: dict[str, Any]) -> dict[str, Any]:
 
 def print_stats(res) -> None:
     hist = " ".join(f"{k}:{v}" for k, v in res.histogram.items())
+    stopped = "interrupted: " if res.stop_reason == "interrupted" else ""
     stderr().print(
-        f"[dim]{len(res.output_ids)} tokens, {res.tokens_per_second:.1f} tok/s, "
+        f"[dim]{stopped}{len(res.output_ids)} tokens, {res.tokens_per_second:.1f} tok/s, "
         f"mean acceptance {res.mean_acceptance_length:.2f} over {len(res.steps)} steps "
         f"(block {res.block_size}, {res.acceptance_rule}); prefill {res.prefill_seconds * 1000:.0f} ms; "
         f"accepted-length histogram {hist or '-'}[/dim]",
@@ -149,6 +183,10 @@ def generate(
       dflash-zoo generate "What is in the picture?" -t qwen3.5-9b --image cat.png
       dflash-zoo generate "Hi" -t ./big-target -d ./drafter --devices cuda:0,cuda:1
     """
+    if raw and not prompt and not images:  # before loading anything: nothing to continue from
+        from dflash_zoo.errors import InvalidArgumentError
+
+        raise InvalidArgumentError("the prompt is empty", hint="give some text to continue; --raw adds nothing")
     pipe = load_pipeline(target, draft, device, dtype, revision, draft_revision, devices, compile_steps)
     kw = {**gen_kwargs(params), "images": list(images) or None}
     if as_json:
@@ -206,12 +244,15 @@ def pull_missing(name: str) -> None:
 
     from dflash_zoo.api import TARGET_FILES, locked_revision
     from dflash_zoo.engine.checkpoint import DRAFT_FILES
+    from dflash_zoo.errors import looks_like_path, missing_directory
     from dflash_zoo.output import human_size
     from dflash_zoo.zoo import hub
     from dflash_zoo.zoo.registry import load_registry
 
     if os.path.isdir(name):
         return
+    if looks_like_path(name):  # as for --target: a path that does not exist is no registry miss
+        raise missing_directory(name)
     entry = load_registry().resolve(name)
     jobs = [(entry.draft_repo, locked_revision(entry), DRAFT_FILES), (entry.target_repo, None, TARGET_FILES)]
     for repo, rev, patterns in jobs:
@@ -219,6 +260,22 @@ def pull_missing(name: str) -> None:
         if not plan.up_to_date:
             stderr().print(f"pulling {repo}: {human_size(plan.missing_bytes)} to download", highlight=False)
             hub.download(plan, progress=sys.stderr.isatty())
+
+
+def _opt_int(value: str) -> int | None:
+    """An int, or `none` / `default` for "the drafter's own" (block_size) or "unseeded" (seed)."""
+    return None if value.lower() in ("none", "default", "off") else int(value)
+
+
+# /set KEY VALUE: how each value is read; `think` is handled apart (a chat-template switch)
+SETTING_TYPES = {
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "max_new_tokens": int,
+    "block_size": _opt_int,
+    "seed": _opt_int,
+}
 
 
 class ChatSession:
@@ -230,6 +287,8 @@ class ChatSession:
         self.last = None
 
     def run(self) -> None:
+        if hasattr(sys.stdin, "reconfigure"):  # a line that is not UTF-8 must not end the session
+            sys.stdin.reconfigure(errors="replace")
         stderr().print("[dim]chat ready: /help for commands, /bye to quit[/dim]")
         while True:
             try:
@@ -258,57 +317,103 @@ class ChatSession:
             stderr().print("[dim]conversation cleared[/dim]")
         elif cmd == "/stats":
             print_stats(self.last) if self.last else stderr().print("no answer yet")
+        elif cmd == "/set" and len(parts) == 1:
+            self.show_settings()
         elif cmd == "/set" and len(parts) == 3:
             self.set(parts[1], parts[2])
+        elif cmd == "/set":
+            stderr().print("usage: /set KEY VALUE (/set alone shows the settings)", highlight=False)
         else:
             stderr().print(f"unknown command {line!r}; /help lists commands")
         return True
 
+    def show_settings(self) -> None:
+        shown = {k: self.shown(k) for k in SETTING_TYPES}
+        think = self.pipe.chat_template_kwargs.get("enable_thinking")
+        shown["think"] = "default" if think is None else "on" if think else "off"
+        stderr().print("  ".join(f"{k} {v}" for k, v in shown.items()), highlight=False)
+
+    def shown(self, key: str) -> str:
+        """A setting as /set prints it (an unset block size is the drafter's own)."""
+        value = self.settings.get(key)
+        if key == "block_size" and value is None:
+            return f"{self.pipe.drafter.cfg.block_size} (the drafter's)"
+        return "none" if value is None else str(value)
+
     def set(self, key: str, value: str) -> None:
-        casts = {
-            "temperature": float,
-            "top_p": float,
-            "top_k": int,
-            "max_new_tokens": int,
-            "block_size": int,
-            "seed": int,
-        }
+        """Change one setting, checked as the next answer would check it; a bad value keeps the old one."""
+        from dflash_zoo.errors import InvalidArgumentError
+
         if key == "think":
             self.pipe.chat_template_kwargs["enable_thinking"] = value.lower() in ("on", "1", "true", "yes")
-        elif key in casts:
+        elif key in SETTING_TYPES:
             try:
-                self.settings[key] = casts[key](value)
+                new = SETTING_TYPES[key](value)
             except ValueError:
-                stderr().print(f"{key} needs a {casts[key].__name__}")
+                kind = "a number" if SETTING_TYPES[key] is float else "an integer"
+                stderr().print(f"{key} needs {kind}, got {value!r}", highlight=False)
                 return
+            try:
+                settings_config({**self.settings, key: new}).validated(self.pipe.drafter.cfg.block_size)
+            except InvalidArgumentError as exc:
+                stderr().print(f"error: {exc}; {key} stays {self.shown(key)}", highlight=False)
+                if exc.hint:
+                    stderr().print(f"hint: {exc.hint}", highlight=False)
+                return
+            self.settings[key] = new
         else:
-            stderr().print(f"unknown setting {key!r}; settings: {', '.join([*casts, 'think'])}")
+            stderr().print(f"unknown setting {key!r}; settings: {', '.join([*SETTING_TYPES, 'think'])}")
             return
         stderr().print(f"[dim]{key} = {value}[/dim]")
 
     def answer(self, text: str) -> None:
+        """One turn: stream the reply; Ctrl-C keeps what was said so far, a `ZooError` drops the turn."""
+        from dflash_zoo.api import TextStream
         from dflash_zoo.errors import ZooError
 
         self.messages.append({"role": "user", "content": text})
         prompt = text if self.raw else self.messages
         if self.images:  # image prompts go through the processor: earlier turns are flattened into the text
             prompt = "".join(f"{m['role']}: {m['content']}\n" for m in self.messages[:-1]) + text
-        dec = self.pipe.decoder(prompt, self.raw, images=self.images or None, **self.settings)
-        from dflash_zoo.api import TextStream
-
-        stream, reply = TextStream(self.pipe.tokenizer), []
+        stream, reply, gen, steps = TextStream(self.pipe.tokenizer), [], None, None
+        t0 = time.perf_counter()
         try:
-            for ids in dec:
+            gen = self.pipe.generation(prompt, self.raw, images=self.images or None, **self.settings)
+            steps = iter(gen)
+            for ids in steps:
                 piece = stream.push(ids)
                 reply.append(piece)
                 _write(piece)
         except KeyboardInterrupt:
-            dec.result.stop_reason = "interrupted"
+            if gen is None:
+                self.messages.pop()
+                sys.stderr.write("\ninterrupted\n")
+                return
+            if hasattr(steps, "close"):
+                steps.close()  # the generation's own bookkeeping ends its timings at this point
+            _partial_timings(gen.result, time.perf_counter() - t0)
         except ZooError as exc:
-            stderr().print(f"error: {exc}")
+            sys.stdout.write("\n" if reply else "")
+            stderr().print(f"error: {exc}", highlight=False)
+            if exc.hint:
+                stderr().print(f"hint: {exc.hint}", highlight=False)
             self.messages.pop()
             return
         sys.stdout.write("\n")
-        self.last = dec.result
+        self.last = gen.result
         self.messages.append({"role": "assistant", "content": "".join(reply)})
-        print_stats(dec.result)
+        print_stats(gen.result)
+
+
+def _partial_timings(res: Any, elapsed: float) -> None:
+    """An answer stopped by Ctrl-C: its real partial numbers (tok/s over the time it ran), not 0.0 tok/s."""
+    res.stop_reason = "interrupted"
+    if res.decode_seconds <= 0 and len(res.output_ids) > 1:
+        res.decode_seconds = max(elapsed - res.prefill_seconds, 1e-9)
+
+
+def settings_config(settings: dict[str, Any]) -> Any:
+    """The `GenerationConfig` of chat settings (the keys it knows; `think` lives in the chat template)."""
+    from dflash_zoo.engine.results import GenerationConfig
+
+    return GenerationConfig(**{k: v for k, v in settings.items() if k in GenerationConfig.__dataclass_fields__})

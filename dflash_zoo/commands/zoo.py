@@ -49,7 +49,14 @@ def _unknown(v: Any) -> str:
 
 
 def _entry_json(entry: Entry, lock: dict) -> dict[str, Any]:
-    return {**asdict(entry), "installed": is_installed(entry.draft_repo), "locked": lock.get(entry.slug)}
+    """The entry's fields, whether its drafter is cached, its lock record and both pinned commits.
+
+    `pins` follows `read_pins`: a pin recorded for another repo than the entry names now is None.
+    """
+    from dflash_zoo.zoo.registry import pins_of
+
+    return {**asdict(entry), "installed": is_installed(entry.draft_repo), "locked": lock.get(entry.slug),
+            "pins": asdict(pins_of(entry, lock))}  # fmt: skip
 
 
 def _transformers_version() -> str | None:
@@ -67,6 +74,7 @@ def _transformers_version() -> str | None:
     epilog="""\b
 Examples:
   dflash-zoo list
+  dflash-zoo list qwen                 # every id, alias or repo id containing "qwen"
   dflash-zoo ls 'qwen3.5*'
   dflash-zoo list 'z-lab/*' --json
   dflash-zoo list -q
@@ -79,11 +87,12 @@ Examples:
 def list_cmd(pattern: str | None, as_json: bool, quiet: bool) -> None:
     """Registry entries and whether their drafter is in the HF cache (alias: ls).
 
-    PATTERN is a glob over ids, aliases and repo ids (case-insensitive), e.g. 'qwen3*' or 'google/*'.
+    PATTERN matches ids, aliases and repo ids (case-insensitive): a plain word matches as a substring
+    ('qwen', 'coder'), a glob as a whole name ('qwen3*', 'google/*').
     """
     if as_json and quiet:
         raise click.UsageError("--json and -q cannot be combined")
-    entries = load_registry().match(pattern)
+    entries = load_registry().match(_as_glob(pattern))
     if pattern and not entries:
         output.hint(f"no entry matches {pattern!r}; run `dflash-zoo list` for all entries")
     if as_json:
@@ -95,7 +104,14 @@ def list_cmd(pattern: str | None, as_json: bool, quiet: bool) -> None:
     elif entries:
         rows = [_list_row(e) for e in entries]
         cols = ("ID", "TARGET", "DRAFT", "BLOCK", "STATUS", "SIZE", "INSTALLED")
-        output.stdout().print(output.table(cols, rows))
+        output.print_table(output.table(cols, rows, ids=("ID", "TARGET", "DRAFT")))
+
+
+def _as_glob(pattern: str | None) -> str | None:
+    """A pattern without glob characters matches as a substring (`list qwen`), a glob as given."""
+    if not pattern or any(c in pattern for c in "*?["):
+        return pattern
+    return f"*{pattern}*"
 
 
 def _list_row(e: Entry) -> tuple[str, ...]:
@@ -159,7 +175,10 @@ def info(name: str, as_json: bool) -> None:
 
 def _print_info(e: Entry, data: dict[str, Any]) -> None:
     t, d, req, cache = e.target, e.draft, data["requires"], data["cache"]
-    locked = data["locked"] or {}
+    locked, pins = data["locked"] or {}, data["pins"]
+    pulled = f" (pulled {locked['pulled_at']})" if locked.get("pulled_at") else ""
+    draft_pin = pins["draft"] + pulled if pins["draft"] else "not pulled"
+    target_pin = pins["target"] or f"not pulled (`dflash-zoo pull {e.slug} --with-target` records it)"
     taps = "unknown" if d.target_layer_ids is None else str(list(d.target_layer_ids))
     kwargs = ", ".join(f"{k}={v}" for k, v in e.chat_template_kwargs.items()) or "default template"
     adapter = (
@@ -167,18 +186,19 @@ def _print_info(e: Entry, data: dict[str, Any]) -> None:
     )
     tf = f">= {req['transformers']}" if req["transformers"] else "n/a (no adapter)"
     sections = {
-        "Target": [("repo", e.target_repo), ("model_type", t.model_type), ("hidden size", t.hidden_size),
+        "Target": [("repo", e.target_repo), ("revision", getattr(e, "target_revision", None) or "main"),
+                   ("pinned commit", target_pin), ("model_type", t.model_type), ("hidden size", t.hidden_size),
                    ("layers", t.num_hidden_layers), ("vocab", t.vocab_size),
                    ("variants", ", ".join(e.variants) or "-")],
         "Draft": [("repo", e.draft_repo), ("revision", e.draft_revision),
-                  ("locked commit", locked.get("commit", "not pulled")), ("block size", _unknown(d.block_size)),
+                  ("pinned commit", draft_pin), ("block size", _unknown(d.block_size)),
                   ("layers", _unknown(d.num_layers)), ("taps", taps), ("mask id", _unknown(d.mask_token_id)),
                   ("size", output.human_size(e.draft_size_bytes))],
         "Compatibility": [("status", e.status + (f" ({e.reason})" if e.reason else "")), ("adapter", adapter),
                           ("chat template", kwargs), ("thinking", e.thinking), ("notes", e.notes or "-")],
         "Requires": [("transformers", f"{tf}, installed {req['transformers_installed'] or 'none'}"),
-                     ("gated", "yes (needs HF_TOKEN and an accepted licence)" if e.gated else "no"),
-                     ("licence", e.license)],
+                     ("gated", "yes (needs HF_TOKEN and an accepted license)" if e.gated else "no"),
+                     ("license", e.license)],
         "Cache paths": [("hf cache", cache["hub_cache"]), ("draft", cache["draft"]),
                         ("installed", "yes" if data["installed"] else "no"), ("target", cache["target"]),
                         ("lock file", cache["lock_file"])],

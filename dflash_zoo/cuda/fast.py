@@ -17,7 +17,7 @@ What differs from the eager loop (`decode.SpeculativeDecoder`), and why:
   attention of every step and the one-row o/down projections run our Triton kernels (kernels.py), measured
   fastest compiled or not, and so, uncompiled, does the elementwise work between GEMMs (fused_ops.py);
   without triton, compiled one-row steps use explicit sums over key chunks.
-Scope: greedy decoding, batch 1, full-attention targets whose adapter sets `static_qk_norm` (dense, or sparse MoE
+Scope: greedy decoding, batch 1, full-attention targets whose adapter sets `static_layout` (dense, or sparse MoE
 blocks whose experts implementation does not sync with the host when graphs are on). Everything else uses decode.py.
 On CPU the same static path runs without graphs; tests compare it token for token with decode.py (fp32).
 """
@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Iterator
+from functools import partial
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from dflash_zoo.cuda import kernels
+from dflash_zoo.cuda.graphs import Steps
 from dflash_zoo.cuda.static import (
     BLOCK_ATTENTION,
     DECODE_ATTENTION,
@@ -40,15 +41,21 @@ from dflash_zoo.cuda.static import (
     StaticTarget,
     unsupported_reason,
 )
-from dflash_zoo.engine.decode import AcceptOverride, _truncate
-from dflash_zoo.engine.results import GREEDY_RULE, GenerationConfig, GenerationResult, StepRecord
+from dflash_zoo.engine.decode import AR_RULE, sampler_of
+from dflash_zoo.engine.drafter import DFlashDrafter
+from dflash_zoo.engine.results import GREEDY_RULE, SAMPLING_RULE, GenerationConfig
+from dflash_zoo.engine.run import AcceptOverride, Engine, Generation, Run, verify_width
+from dflash_zoo.engine.sampling import Sampler
+
+if TYPE_CHECKING:
+    from dflash_zoo.adapters.base import TargetAdapter
 
 log = logging.getLogger("dflash_zoo")
 # inductor settings of compiled steps: with coordinate descent tuning, inductor lowers batch-1 matmuls (every
-# GEMV of an autoregressive step) to Triton reductions it tunes, in place of cuBLAS (docs/perf-notes.md, Version 3)
+# GEMV of an autoregressive step) to Triton reductions it tunes, in place of cuBLAS (docs/performance.md)
 COMPILE_OPTIONS: dict[str, Any] = {"coordinate_descent_tuning": True}
 # without the Triton kernels (no triton), compiled 8B-shape AR step on one H200 host: "chunks" 187 tok/s,
-# "sums" 173; SDPA lost to sums (perf-notes)
+# "sums" 173; SDPA lost to sums (docs/performance.md)
 COMPILED_DECODE_ATTENTION = "chunks"
 
 
@@ -79,7 +86,7 @@ def _kernel_choice(
     return decode, block, gemv, fused
 
 
-class FastEngine:
+class FastEngine(Engine):
     """Static buffers + captured steps for one (target, drafter) pair; reusable across prompts.
 
     Args:
@@ -97,15 +104,17 @@ class FastEngine:
         gemv: the autoregressive step's o and down projections through the split-K Triton GEMV of kernels.py.
         fused_ops: the elementwise work between GEMMs (q/k norm + rotary + K/V writes, RMSNorms, SwiGLU
             products) through the Triton kernels of fused_ops.py.
-        Defaults: on CUDA with triton, "split", "split", True (measured fastest compiled and not, perf-notes
-        session 12) and True uncompiled (session 13); otherwise `COMPILED_DECODE_ATTENTION` when compiling,
+        Defaults: on CUDA with triton, "split", "split", True (measured fastest compiled and not on an H200,
+        docs/performance.md) and True uncompiled; otherwise `COMPILED_DECODE_ATTENTION` when compiling,
         else "sdpa"; "sdpa"; False; False.
     """
 
+    name: ClassVar[str] = "fast"
+
     def __init__(
         self,
-        adapter,
-        drafter,
+        adapter: TargetAdapter,
+        drafter: DFlashDrafter,
         mask_token_id: int,
         max_len: int,
         graphs: bool | None = None,
@@ -140,27 +149,29 @@ class FastEngine:
         width = len(drafter.cfg.target_layer_ids) * adapter.text_config.hidden_size
         self.vtaps = torch.zeros(1, b, width, device=dev, dtype=self.target.k[0].dtype)
         self.out = torch.zeros(b + 1, dtype=torch.long, device=dev)  # [na, drafts (b-1), next]
-        self._graph: dict[str, Any] = {}
-        self._steps = {"spec": self._spec_step, "ar": self._ar_step}
+        self.gen = torch.Generator(device=dev)  # sampling only; seeded per generation
+        self.compile = compile
         self.compile_options = dict(COMPILE_OPTIONS if compile_options is None else compile_options)
-        if compile:  # compiled lazily on the first call (`_warm`), which is timed as compile_seconds
-            opts = dict(options=self.compile_options, fullgraph=False, dynamic=False)
-            self._steps = {name: torch.compile(fn, **opts) for name, fn in self._steps.items()}
-        self.compile, self._warmed = compile, set()
-        self.capture_seconds = self.compile_seconds = 0.0
+        options = self.compile_options if compile else None  # steps compile lazily, on first use
+        self.steps = Steps([self.pos, self.bonus], self.gen, self.graphs, options)
 
-    # ---- the fixed-shape steps ---------------------------------------------------------------
-    def _spec_step(self) -> None:
+    @property
+    def capture_seconds(self) -> float:
+        return self.steps.capture_seconds
+
+    @property
+    def compile_seconds(self) -> float:
+        return self.steps.compile_seconds
+
+    # ---- the fixed-shape steps (one CUDA graph each per decoding mode) -------------------------------
+    def _spec_step(self, sampler: Sampler) -> None:
         b, emb_of = self.block, self.adapter.embed
         self.blk[:, :1].copy_(self.bonus[None])
         h = self.sdraft.draft(emb_of(self.blk), self.pos)  # [1, B, H]
-        drafts = self.adapter.logits(h[0, 1:].to(self.vtaps.dtype)).argmax(-1)  # [B-1]
+        drafts, q = sampler.propose(self.adapter.logits(h[0, 1:].to(self.vtaps.dtype)), self.gen)  # [B-1]
         verify = torch.cat([self.bonus, drafts])[None]  # [1, B]
-        target = self.target.forward(emb_of(verify), self.pos, self.vtaps)[0].argmax(-1)  # [B]
-        # greedy match: accepted = longest prefix where draft i equals the target's argmax at slot i
-        na = torch.cumprod((drafts == target[:-1]).long(), 0).sum()
-        na = torch.where(self.force >= 0, self.force.clamp(max=b - 1), na)
-        nxt = target.index_select(0, na.view(1))  # [1]
+        logits = self.target.forward(emb_of(verify), self.pos, self.vtaps)[0]  # [B, V]
+        na, nxt = sampler.accept(drafts, q, logits, self.gen, self.force)  # 0-d, [1]
         self.sdraft.append(self.vtaps, self.pos)  # rows past na + 1 are masked, then overwritten
         self.out[0].copy_(na)
         self.out[1:b].copy_(drafts)
@@ -168,72 +179,48 @@ class FastEngine:
         self.pos.add_(na + 1)
         self.bonus.copy_(nxt)
 
-    def _ar_step(self) -> None:
+    def _ar_step(self, sampler: Sampler) -> None:
         logits = self.target.forward(self.adapter.embed(self.bonus[None]), self.pos)  # [1, 1, V]
-        self.bonus.copy_(logits[0].argmax(-1))
+        self.bonus.copy_(sampler.pick(logits[0], self.gen))
         self.out[:1].copy_(self.bonus)
         self.pos.add_(1)
 
-    def _run_step(self, name: str) -> None:
-        fn = self._steps[name]
-        if self.compile and name not in self._warmed:
-            self._warm(fn)
-            self._warmed.add(name)
-        if not self.graphs:
-            fn()
-        else:
-            if name not in self._graph:
-                self._graph[name] = self._capture(fn)
-            self._graph[name].replay()
+    def _run_step(self, name: str, sampler: Sampler) -> None:
+        fn = self._spec_step if name == "spec" else self._ar_step
+        self.steps.run((name, sampler), lambda: partial(fn, sampler))
 
-    def _rewind(self) -> Callable[[], None]:
-        """A function that puts pos and bonus back as they are now, for steps run only to warm or capture.
-
-        K/V rows such a step writes lie at or past pos: scratch that the real step overwrites.
-        """
-        pos, bonus = self.pos.clone(), self.bonus.clone()
-
-        def rewind() -> None:
-            self.pos.copy_(pos)
-            self.bonus.copy_(bonus)
-
-        return rewind
-
-    def _warm(self, fn) -> None:
-        """First call of a compiled step (this is when it compiles), state restored after; timed on its own."""
-        t0 = time.perf_counter()
-        rewind = self._rewind()
-        fn()
-        rewind()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        self.compile_seconds += time.perf_counter() - t0
-
-    def _capture(self, fn) -> Any:
-        """Warm up on a side stream (state restored after each call), then capture one step."""
-        t0 = time.perf_counter()
-        rewind = self._rewind()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                fn()
-                rewind()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        rewind()
-        torch.cuda.synchronize()
-        self.capture_seconds += time.perf_counter() - t0
-        return graph
-
-    # ---- whole generations -------------------------------------------------------------------
-    def _prefill(self, prompt_ids: list[int], taps: bool) -> int:
-        if len(prompt_ids) + self.block > self.size or not prompt_ids:
+    # ---- whole generations ---------------------------------------------------------------------------
+    def start(
+        self,
+        prompt_ids: list[int],
+        cfg: GenerationConfig,
+        *,
+        speculative: bool = True,
+        accept_override: AcceptOverride | None = None,
+        prefill_inputs: dict[str, Any] | None = None,
+    ) -> Generation:
+        if prefill_inputs:
+            raise ValueError("the fast engine takes token prompts only (image inputs run on the eager engine)")
+        cfg = cfg.validated(self.block)
+        if cfg.block_size != self.block:
+            raise ValueError(f"this engine verifies blocks of {self.block}, not {cfg.block_size}")
+        if not prompt_ids or len(prompt_ids) + cfg.max_new_tokens + self.block > self.size:
             raise ValueError(
-                f"prompt of {len(prompt_ids)} tokens does not fit this engine (max_len {self.max_len})"
+                f"{len(prompt_ids)} prompt + {cfg.max_new_tokens} new tokens do not fit this engine "
+                f"(max_len {self.max_len})"
             )
+        if cfg.seed is not None:
+            self.gen.manual_seed(cfg.seed)
+        elif not cfg.greedy:
+            self.gen.seed()  # a fresh seed for this engine's generator alone
+        if not speculative:
+            run = Run(cfg, len(prompt_ids), AR_RULE)
+            return Generation(run, self._ar_steps(prompt_ids, run))
+        rule = GREEDY_RULE if cfg.greedy else SAMPLING_RULE
+        run = Run(cfg, len(prompt_ids), rule, self.block)
+        return Generation(run, self._spec_steps(prompt_ids, run, accept_override))
+
+    def _prefill(self, prompt_ids: list[int], taps: bool, sampler: Sampler) -> int:
         ids = torch.tensor([prompt_ids], device=self.device)
         feats = None
         if taps:
@@ -242,65 +229,34 @@ class FastEngine:
             )
         self.pos.zero_()
         logits = self.target.forward(self.adapter.embed(ids), self.pos, feats, prefill=True, last_only=True)
-        self.bonus.copy_(logits[0, -1:].argmax(-1))
+        self.bonus.copy_(sampler.pick(logits[0, -1:], self.gen))
         if taps:
             self.sdraft.append(feats, self.pos)
         self.pos.fill_(len(prompt_ids))
         return int(self.bonus)  # sync: the first token is out
 
-    def speculative(
-        self, prompt_ids: list[int], cfg: GenerationConfig, accept_override: AcceptOverride | None = None
-    ):
-        """Greedy DFlash decoding; same tokens and result type as `decode.SpeculativeDecoder`."""
-        cfg = cfg.validated(self.block)
-        if not cfg.greedy or cfg.block_size != self.block:
-            raise ValueError("the fast path runs greedy decoding at the drafter's own block size")
-        res = GenerationResult([], "", len(prompt_ids), acceptance_rule=GREEDY_RULE, block_size=self.block)
-        stops, host = (
-            set(cfg.stop_token_ids),
-            torch.zeros(self.block + 1, dtype=torch.long, pin_memory=self._pin()),
-        )
+    def _spec_steps(self, prompt_ids: list[int], run: Run, override: AcceptOverride | None) -> Iterator[list[int]]:
+        sampler, b = sampler_of(run.cfg), self.block
+        host = torch.zeros(b + 1, dtype=torch.long, pin_memory=self.device.type == "cuda")
         with torch.inference_mode():
-            t0 = time.perf_counter()
-            first = self._prefill(prompt_ids, taps=True)
-            res.prefill_seconds = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            res.output_ids, reason = _truncate([first], stops, cfg.max_new_tokens)
+            yield run.first(self._prefill(prompt_ids, taps=True, sampler=sampler))
             self.force.fill_(-1)  # no override: stays -1 (one write per generation, not per step)
-            while reason is None:
-                room = cfg.max_new_tokens - len(res.output_ids)
-                if accept_override is not None:
-                    self.force.fill_(accept_override(len(res.steps), self.block - 1))
-                self._run_step("spec")
+            while not run.done:
+                if override is not None:
+                    self.force.fill_(override(len(run.result.steps), b - 1))
+                self._run_step("spec", sampler)
                 host.copy_(self.out, non_blocking=True)
                 if self.device.type == "cuda":
                     torch.cuda.current_stream().synchronize()  # the one host sync per step
                 na, row = int(host[0]), host.tolist()
-                committed, reason = _truncate(row[1 : 1 + na] + [row[-1]], stops, room)
-                res.steps.append(StepRecord(row[1 : self.block], na, len(committed)))
-                res.output_ids += committed
-            res.decode_seconds = time.perf_counter() - t1
-        res.stop_reason = reason
-        return res
+                # the whole block was verified; near max_new_tokens only the first v slots can be committed
+                v = verify_width(b, run.room)
+                yield run.step(row[1:v], na, row[1 : 1 + na] + [row[-1]])
 
-    def autoregressive(self, prompt_ids: list[int], cfg: GenerationConfig) -> GenerationResult:
-        """Plain greedy decoding through the same static target (the fast baseline)."""
-        res = GenerationResult([], "", len(prompt_ids), acceptance_rule="autoregressive")
-        stops = set(cfg.stop_token_ids)
+    def _ar_steps(self, prompt_ids: list[int], run: Run) -> Iterator[list[int]]:
+        sampler = sampler_of(run.cfg)
         with torch.inference_mode():
-            t0 = time.perf_counter()
-            tok = self._prefill(prompt_ids, taps=False)
-            res.prefill_seconds = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            while True:
-                res.output_ids.append(tok)
-                if tok in stops or len(res.output_ids) >= cfg.max_new_tokens:
-                    res.stop_reason = "stop_token" if tok in stops else "max_new_tokens"
-                    break
-                self._run_step("ar")
-                tok = int(self.out[0])  # the one host sync per token
-            res.decode_seconds = time.perf_counter() - t1
-        return res
-
-    def _pin(self) -> bool:
-        return self.device.type == "cuda"
+            yield run.first(self._prefill(prompt_ids, taps=False, sampler=sampler))
+            while not run.done:
+                self._run_step("ar", sampler)
+                yield run.token(int(self.out[0]))  # the one host sync per token

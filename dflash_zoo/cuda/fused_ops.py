@@ -2,8 +2,8 @@
 
 Why: in a CUDA-graphed step every kernel costs ~2 us whatever it does, and at several rows (a 16-row verify or
 draft) the views out of a fused projection are strided, so torch runs the small ops through its generic,
-non-vectorised path. Profiled on the demo pair on an H200 (docs/perf-notes.md, session 13), 193 such kernels
-took 389 of a DFlash step's 841 us of kernel time. Three kernels take their place:
+non-vectorised path. Profiled on the demo pair on an H200 (docs/performance.md), 193 such kernels took 389 of
+a DFlash step's 841 us of kernel time. Three kernels take their place:
 - `rope_store`: a layer's q/k/v rows from one fused projection -> q RMSNorm'd and rotated; k the same and
   written into the K cache; v written into the V cache (~16 kernels a layer: two norms, two weight products,
   rotate_half's negation and concatenation, three products, a sum, two index copies);

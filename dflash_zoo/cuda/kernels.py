@@ -2,14 +2,14 @@
 (the elementwise work between them: fused_ops.py).
 
 Why: at one query row per head (an autoregressive step) the masked SDPA kernel runs one block per KV head: 8
-blocks on an H200's 132 SMs for Qwen3-8B, ~28 us a layer to read ~4.7 MB of K/V (docs/perf-notes.md). Here
+blocks on an H200's 132 SMs for Qwen3-8B, ~28 us a layer to read ~4.7 MB of K/V (docs/performance.md). Here
 each program takes one KV head and one chunk of keys (~2 programs per SM), all the head's query rows at once
 (GQA rows share the K/V tile), and a second kernel merges the chunks' partial softmaxes. Same masked semantics
 as `static._grouped_sdpa`: an additive mask row per query row; key tiles hidden from every row are skipped.
 
 `gemv`: y = W x for one row, split over K as well as over output rows. At batch 1 a [4096, 12288] down
 projection has only 4,096 rows to spread over the SMs; inductor's fused SiLU + GEMV reached 2.9 TB/s on it and
-cuBLAS 3.35, against 4.3 for the wide gate/up (perf-notes, Version 3 and session 12). Each program reduces a
+cuBLAS 3.35, against 4.3 for the wide gate/up (on an H200, docs/performance.md). Each program reduces a
 [rows x K-slice] tile; a second kernel adds the slices (fixed order: deterministic). With `gate` the input is
 HF's `act_fn(gate) * up` for SiLU, computed in the kernel with torch's rounding (each op rounded to the dtype).
 The tile configuration is timed once per shape on CUDA (`_gemv_config`), outside graph capture.

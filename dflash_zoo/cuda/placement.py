@@ -2,7 +2,7 @@
 
 Rules (docs/multi-gpu.md):
 - decoder layers form contiguous ranges, one per device, chosen to minimise the largest per-device byte total;
-- the final norm and the LM head go on the last device, and so does the drafter (`reserve_bytes`): the drafter
+- the final norm (the adapter's `final_norm_path`) and the LM head go on the last device, and so does the drafter (`reserve_bytes`): the drafter
   projects its logits through that head every step;
 - the stem (input embedding, rotary tables, a VLM's vision tower: everything outside layers, norm and head) goes
   on the first device, or, when the embedding is tied to the head, on the last: one weight cannot live on two
@@ -19,14 +19,17 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, groupby
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dflash_zoo.errors import ConfigError, UnsupportedModelError
+from dflash_zoo.output import human_size
+
+if TYPE_CHECKING:
+    from dflash_zoo.adapters.base import TargetAdapter
 
 log = logging.getLogger("dflash_zoo")
-NORM_ATTR = "norm"  # every supported family keeps its final norm next to its layers, as `<parent>.norm`
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class PlacementPlan:
     def describe(self) -> str:
         ranges = ", ".join(f"layers {a}-{b} on {d}" for d, a, b in self.layer_ranges())
         gib = ", ".join(
-            f"{d} {b / 2**30:.1f} GiB" for d, b in zip(self.devices, self.device_bytes, strict=True)
+            f"{d} {human_size(b)}" for d, b in zip(self.devices, self.device_bytes, strict=True)
         )
         stem = self.devices[self.stem_device]
         return f"placement: {ranges}; embeddings on {stem}; norm + head + drafter on {self.head} ({gib})"
@@ -157,14 +160,19 @@ class _Parts:
     names: dict[str, str]  # part -> qualified module name ("layers.<i>" for each layer)
 
 
-def _parts(model: torch.nn.Module, adapter: Any) -> _Parts:
+def _parts(model: torch.nn.Module, adapter: TargetAdapter) -> _Parts:
     parent_path, _, _ = adapter.layers_path.rpartition(".")
     parent = operator.attrgetter(parent_path)(model) if parent_path else model
-    norm, head = getattr(parent, NORM_ATTR, None), model.get_output_embeddings()
+    norm_path = adapter.final_norm_path()
+    try:
+        norm = operator.attrgetter(norm_path)(model)
+    except AttributeError:
+        norm = None
+    head = model.get_output_embeddings()
     if not isinstance(norm, torch.nn.Module) or head is None:
         raise UnsupportedModelError(
             f"cannot place {type(model).__name__} across devices: no final norm at "
-            f"{parent_path}.{NORM_ATTR} or no output embeddings",
+            f"{norm_path} or no output embeddings",
             hint="run this target on one device (--device)",
         )
     by_id = {id(m): n for n, m in model.named_modules()}
@@ -189,7 +197,7 @@ def module_bytes(module: torch.nn.Module) -> int:
     return _bytes([module], set())
 
 
-def plan_placement(adapter: Any, devices: Sequence[str], reserve_bytes: int = 0) -> PlacementPlan:
+def plan_placement(adapter: TargetAdapter, devices: Sequence[str], reserve_bytes: int = 0) -> PlacementPlan:
     """Plan a split of `adapter.model` over `devices` (slots; repeats allowed, e.g. ["cpu", "cpu"] in tests).
 
     Args:
@@ -232,11 +240,11 @@ def _check_fits(plan: PlacementPlan) -> None:
         total = torch.cuda.get_device_properties(torch.device(d)).total_memory
         if b > total:
             raise ConfigError(
-                f"the placement puts {b / 2**30:.1f} GiB of weights on {d} ({total / 2**30:.1f} GiB)",
+                f"the placement puts {human_size(b)} of weights on {d} ({human_size(total)})",
                 hint="add devices (--devices cuda:0,cuda:1,...) or use a smaller dtype",
             )
         if b > 0.9 * total:
-            log.warning("placement: %.1f GiB of weights on %s leaves little room for the cache", b / 2**30, d)
+            log.warning("placement: %s of weights on %s leaves little room for the cache", human_size(b), d)
 
 
 # ---- applying -------------------------------------------------------------------------------------
@@ -271,7 +279,7 @@ def _mover_hook(device: torch.device, memo: dict | None = None, reset: bool = Fa
     return hook
 
 
-def apply_placement(model: torch.nn.Module, adapter: Any, plan: PlacementPlan) -> Placement:
+def apply_placement(model: torch.nn.Module, adapter: TargetAdapter, plan: PlacementPlan) -> Placement:
     """Move the target's modules as `plan` says and register the input-moving pre-hooks.
 
     Modules move one at a time, so a model loaded on the CPU never sits whole on one GPU.
@@ -299,7 +307,7 @@ def apply_placement(model: torch.nn.Module, adapter: Any, plan: PlacementPlan) -
     return Placement(plan, handles)
 
 
-def materialise(model: torch.nn.Module, adapter: Any, plan: PlacementPlan) -> None:
+def materialise(model: torch.nn.Module, adapter: TargetAdapter, plan: PlacementPlan) -> None:
     """Allocate a target built on `meta` module by module on its planned device, then initialise it there.
 
     For random-weight targets too large for one device (`bench --shape ... --devices`): the model is never whole

@@ -1,15 +1,15 @@
 """Static-shape forwards for the fast path: the target and the drafter over pre-allocated K/V buffers.
 
 - `StaticTarget`: an own forward over a full-attention target's HF modules (norms, q/k/v/o projections,
-  MLP, rotary embedding; transformers `models/qwen3`, `models/llama`) writing K/V at tensor positions into
-  [1, kvh, S, hd] buffers. Rollback is a position counter: rejected rows stay, masked, until overwritten.
-  A sparse MoE block (`models/qwen3_moe`) runs as HF's own module, captured in a CUDA graph only where its
-  experts implementation does not sync with the host (`_graph_unsafe_reason`).
+  MLP, rotary embedding), found through the names its adapter declares (`static_layout`, resolved in
+  layout.py), writing K/V at tensor positions into [1, kvh, S, hd] buffers. Rollback is a position counter:
+  rejected rows stay, masked, until overwritten. A sparse MoE block runs as the family's own module, captured
+  in a CUDA graph only where its experts implementation does not sync with the host (layout.py).
 - `StaticDrafter`: the DFlash drafter (drafter.py modules) over a static context K/V buffer; the block's own
   K/V are written as scratch rows just past the context, so nothing is concatenated per step.
 Every shape is fixed for a given block, so a step can be captured in a CUDA graph (fast.py).
 
-Fewer kernels per layer (each costs ~2.5 us inside a graph, docs/perf-notes.md):
+Fewer kernels per layer (each costs ~2.5 us inside a graph on an H200, docs/performance.md):
 - `fuse=True`: q/k/v and gate/up run as one GEMM each over row-concatenated weights (`FusedLinear`); the
   modules' own weights become views into the fused tensor, so memory does not grow and HF's forward still works;
 - `fast_norm=True`: RMSNorm as `weight * F.rms_norm(x)`: bit-identical to HF's Qwen3/Llama RMSNorm on CPU in
@@ -21,54 +21,31 @@ Fewer kernels per layer (each costs ~2.5 us inside a graph, docs/perf-notes.md):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dflash_zoo.cuda import fused_ops, kernels
+from dflash_zoo.cuda.layout import graph_unsafe_reason, layout_reason, resolve
 from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.engine.rope import apply_rotary
 
+if TYPE_CHECKING:
+    from dflash_zoo.adapters.base import TargetAdapter
 
-def unsupported_reason(adapter: Any, cfg: GenerationConfig | None = None, graphs: bool = False) -> str | None:
+
+def unsupported_reason(
+    adapter: TargetAdapter, cfg: GenerationConfig | None = None, graphs: bool = False
+) -> str | None:
     """Why the fast path cannot run this pair (None: it can); `graphs`: its steps are to be CUDA graphs."""
-    text = adapter.text_config
-    if adapter.static_qk_norm is None:
-        return f"model_type {text.model_type!r} has no static path (its adapter does not declare one)"
-    if any(t != "full_attention" for t in (getattr(text, "layer_types", None) or [])):
-        return "target has non-full-attention layers"
+    reason = layout_reason(adapter)  # no declared static layout, or layer types it does not cover
+    if reason:
+        return reason
     if cfg is not None and not cfg.greedy:
         return "the fast path is greedy only"
-    return _graph_unsafe_reason(adapter) if graphs else None
-
-
-def _graph_unsafe_reason(adapter: Any) -> str | None:
-    """Why a step of this target would sync with the host, so cannot be captured (None: it would not).
-
-    Only sparse MoE blocks can, through their HF experts implementation (transformers `integrations/moe.py`):
-    `batched_mm` gathers each token's experts (no sync); `grouped_mm` counts tokens per expert with `histc` and
-    runs torch's grouped GEMM (no sync), but in another dtype than bf16, or without torch's grouped GEMM, it
-    falls back to a loop over `offsets.tolist()`; `eager` loops over the experts a step hit.
-    """
-    sparse = [layer.mlp for layer in adapter.layers() if not _dense(layer.mlp)]
-    if not sparse:
-        return None
-    impl = getattr(adapter.text_config, "_experts_implementation", None)
-    dtype = next(sparse[0].parameters()).dtype
-    has_grouped = hasattr(F, "grouped_mm") or hasattr(torch, "_grouped_mm")
-    if impl == "batched_mm" or (impl == "grouped_mm" and dtype == torch.bfloat16 and has_grouped):
-        return None
-    return (
-        f"experts implementation {impl!r} in {str(dtype).removeprefix('torch.')} syncs with the host every step; "
-        "model.set_experts_implementation('batched_mm') makes it capturable"
-    )
-
-
-def _dense(mlp: nn.Module) -> bool:
-    """A gated dense MLP (gate/up/down projections); anything else (a sparse MoE block) runs as its module."""
-    return all(isinstance(getattr(mlp, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj"))
+    return graph_unsafe_reason(adapter) if graphs else None
 
 
 # ---- fused projections -------------------------------------------------------------------------------
@@ -203,16 +180,17 @@ def _grouped_split(q, k, v, gmask, scale: float) -> torch.Tensor:
 
 
 # one-row (autoregressive) attention of the static target. At T = 1 the masked SDPA kernel runs one block per
-# KV head (8 blocks on 132 SMs for Qwen3-8B: 28 us a layer on an H200, compiled sums 15.5, flex_attention 37;
-# docs/perf-notes.md, Version 3); "chunks" beat "sums" in the compiled 8B step (187 against 173 tok/s, session 11);
-# "split" (kernels.py) is 7.4 us alone and the fastest in both engines (session 12).
+# KV head (8 blocks on 132 SMs for Qwen3-8B: 28 us a layer on an H200); "chunks" beat "sums" inside a compiled
+# 8B step (187 against 173 tok/s on one H200); "split" (kernels.py) is 7.4 us alone and the fastest compiled
+# and not (docs/performance.md, "How the fast path works").
 DECODE_ATTENTION = {
     "sdpa": _grouped_sdpa,
     "sums": _grouped_sums,
     "chunks": _grouped_chunks,
     "split": _grouped_split,
 }
-# multi-row attention: the target's verify and the drafter's block (explicit sums lose there, perf-notes)
+# multi-row attention: the target's verify and the drafter's block (explicit sums lose there;
+# docs/performance.md)
 BLOCK_ATTENTION = {"sdpa": _grouped_sdpa, "split": _grouped_split}
 
 
@@ -256,7 +234,7 @@ class StaticTarget:
 
     def __init__(
         self,
-        adapter: Any,
+        adapter: TargetAdapter,
         max_len: int,
         tap_ids: tuple[int, ...],
         fuse: bool = True,
@@ -271,72 +249,70 @@ class StaticTarget:
         self.fused = fused_ops  # norms, q/k rotary + K/V writes and SwiGLU products through fused_ops.py
         self.decode_attend = DECODE_ATTENTION[decode_attention]  # T = 1 steps only
         self.block_attend = BLOCK_ATTENTION[block_attention]  # verify steps (T > 1)
-        self.layers, self.decoder = adapter.layers(), adapter.model.get_decoder()
+        mods = resolve(adapter)  # every module through the adapter's `static_layout`
+        self.layers, self.final_norm, self.rotary_emb = mods.layers, mods.final_norm, mods.rotary_emb
         text = adapter.text_config
-        self.qk_norm = adapter.static_qk_norm
-        self.silu = getattr(text, "hidden_act", None) in ("silu", "swish")  # the kernels' fused SwiGLU
+        self.silu = mods.silu  # the kernels' fused SwiGLU
         self.swiglu = fused_ops and self.silu  # silu(gate) * up through `fused_ops.silu_mul`
-        self.kvh, self.hd = text.num_key_value_heads, self.layers[0].self_attn.head_dim
+        self.kvh, self.hd = text.num_key_value_heads, mods.head_dim
         self.group = text.num_attention_heads // self.kvh
-        self.norm = _Norms(text.rms_norm_eps, fast_norm, fused_ops)
+        self.norm = _Norms(mods.eps, fast_norm, fused_ops)
         self.taps: dict[int, list[int]] = {}  # layer id -> tap slots (ids may repeat)
         for slot, lid in enumerate(tap_ids):
             self.taps.setdefault(lid, []).append(slot)
         self.hidden = text.hidden_size
-        attns, mlps = [layer.self_attn for layer in self.layers], [layer.mlp for layer in self.layers]
-        self.qkv = [FusedLinear([a.q_proj, a.k_proj, a.v_proj], fuse) for a in attns]
+        self.qkv = [FusedLinear([m.q, m.k, m.v], fuse) for m in self.layers]
         # a sparse MoE block keeps its own forward (router, experts implementation, shared experts): None here
-        self.gate_up = [FusedLinear([m.gate_proj, m.up_proj], fuse) if _dense(m) else None for m in mlps]
+        self.gate_up = [FusedLinear([m.gate, m.up], fuse) if m.gate is not None else None for m in self.layers]
         self.k, self.v = [], []
-        for layer in self.layers:
-            w = layer.self_attn.k_proj.weight
+        for m in self.layers:
+            w = m.k.weight
             self.k.append(torch.zeros(1, self.kvh, max_len, self.hd, device=w.device, dtype=w.dtype))
             self.v.append(torch.zeros_like(self.k[-1]))
         dev = self.k[0].device
         self.key_pos = torch.arange(max_len, device=dev)  # [S]
 
     def _attn(self, i: int, x, cos, sin, positions, gmask, prefill: bool):
-        attn = self.layers[i].self_attn
+        m = self.layers[i]
         t = x.shape[1]
-        qk = (attn.q_norm, attn.k_norm) if self.qk_norm else None
         heads, buffers = self.group * self.kvh, (self.k[i], self.v[i])
-        q = _qkv_store(self.qkv[i], x, heads, self.norm, qk, (cos, sin), positions, buffers, self.fused)
+        q = _qkv_store(self.qkv[i], x, heads, self.norm, m.qk_norm, (cos, sin), positions, buffers, self.fused)
         if prefill:  # from position 0: causal flash kernel over the prompt, no mask tensor
             # the prompt's K/V heads from the buffers, repeated for the kernel (transient, one layer at a time)
             kk, vv = (b[:, :, :t].repeat_interleave(self.group, 1) for b in (self.k[i], self.v[i]))
-            out = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=attn.scaling)
-            return attn.o_proj(out.transpose(1, 2).reshape(1, t, -1))
+            out = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=m.scaling)
+            return m.o(out.transpose(1, 2).reshape(1, t, -1))
         attend = self.decode_attend if t == 1 else self.block_attend
-        out = attend(q, self.k[i], self.v[i], gmask, attn.scaling)  # [1, T, h*hd]
+        out = attend(q, self.k[i], self.v[i], gmask, m.scaling)  # [1, T, h*hd]
         if self.gemv and t == 1:
-            return kernels.gemv(out, attn.o_proj.weight, attn.o_proj.bias, None)
-        return attn.o_proj(out)
+            return kernels.gemv(out, m.o.weight, m.o.bias, None)
+        return m.o(out)
 
     def _mlp(self, i: int, x):
-        mlp = self.layers[i].mlp
+        m = self.layers[i]
         if self.gate_up[i] is None:
-            return mlp(x)  # [1, T, H]
+            return m.mlp(x)  # [1, T, H]
         gate, up = self.gate_up[i](x)  # [1, T, F] each
         if self.gemv and self.silu and x.shape[1] == 1:  # silu(gate) * up computed inside the kernel
-            return kernels.gemv(up, mlp.down_proj.weight, mlp.down_proj.bias, gate)
-        return mlp.down_proj(_swiglu(mlp.act_fn, gate, up, self.swiglu))
+            return kernels.gemv(up, m.down.weight, m.down.bias, gate)
+        return m.down(_swiglu(m.act, gate, up, self.swiglu))
 
     def forward(self, emb, pos, taps_out=None, prefill: bool = False, last_only: bool = False):
         """emb [1, T, H] at positions pos.. (0-d long tensor; prefill: pos is 0); fills taps_out [1, T, K*H]."""
         t = emb.shape[1]
         positions = pos + self.key_pos[:t]  # [T]
-        cos, sin = self.decoder.rotary_emb(emb, positions[None])  # [1, T, hd]
+        cos, sin = self.rotary_emb(emb, positions[None])  # [1, T, hd]
         cos, sin = cos[0], sin[0]
         causal = None if prefill else self.key_pos[None, :] <= positions[:, None]  # [T, S]
         gmask = None if prefill else _group_mask(causal, self.group, emb.dtype)
         x = emb
-        for i, layer in enumerate(self.layers):
-            x = x + self._attn(i, self.norm(layer.input_layernorm, x), cos, sin, positions, gmask, prefill)
-            x = x + self._mlp(i, self.norm(layer.post_attention_layernorm, x))
+        for i, m in enumerate(self.layers):
+            x = x + self._attn(i, self.norm(m.input_norm, x), cos, sin, positions, gmask, prefill)
+            x = x + self._mlp(i, self.norm(m.post_norm, x))
             for slot in self.taps.get(i, ()) if taps_out is not None else ():
                 taps_out[:, :, slot * self.hidden : (slot + 1) * self.hidden].copy_(x)
         x = x[:, -1:] if last_only else x
-        return self.adapter.logits(self.norm(self.decoder.norm, x))  # [1, T or 1, V]
+        return self.adapter.logits(self.norm(self.final_norm, x))  # [1, T or 1, V]
 
 
 class StaticDrafter:

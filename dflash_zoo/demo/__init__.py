@@ -2,6 +2,7 @@
 
 Files live next to this module (`target/`, `draft/`, `PROVENANCE.md`); `scripts/build_demo_pair.py` rebuilds
 them. Used when `generate` / `chat` get no model argument, so a newcomer sees DFlash work offline on CPU.
+`dflash-zoo env` prints both directories (`train --target` / `eval --target` take the target's).
 """
 
 from __future__ import annotations
@@ -33,3 +34,11 @@ def draft_dir() -> Path:
 
 def available() -> bool:
     return all((HERE / s / "config.json").is_file() for s in ("target", "draft"))
+
+
+def report() -> dict[str, str | None]:
+    """The demo pair's directories for `env` (None where this install lacks them); torch-free."""
+    return {
+        f"demo_{sub}": str(HERE / sub) if (HERE / sub / "config.json").is_file() else None
+        for sub in ("target", "draft")
+    }

@@ -1,8 +1,9 @@
 """Load and save z-lab-format drafters: `config.json` + `model.safetensors` (or a sharded index).
 
 Never executes checkpoint code and never unpickles: weights come from safetensors only, configs from JSON.
-Saving writes into a temporary folder next to the destination and renames it into place, so an interrupted
-save never leaves a half-written drafter.
+Saving writes into a temporary folder next to the destination and swaps it into place (`outdir.py`), so an
+interrupted save never leaves a half-written drafter, and a directory dflash-zoo did not write is never
+replaced without `overwrite`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from dflash_zoo.engine import outdir
 from dflash_zoo.engine.config import DraftConfig, load_draft_config
 from dflash_zoo.engine.drafter import DFlashDrafter
-from dflash_zoo.errors import CheckpointError, NotFoundError
+from dflash_zoo.engine.outdir import OWNER, OWNER_KEY
+from dflash_zoo.errors import CheckpointError, NotFoundError, looks_like_path, missing_directory
 
 log = logging.getLogger("dflash_zoo")
 
@@ -36,7 +38,9 @@ def resolve_dir(
     if path.is_dir():
         return path
     text = str(source)
-    if path.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
+    if path.exists() or looks_like_path(text):
+        raise missing_directory(text)
+    if text.count("/") != 1:
         raise NotFoundError(
             f"{text} is neither a local directory nor a Hub repo id", hint="check the path or id"
         )
@@ -153,22 +157,37 @@ def draft_config_dict(cfg: DraftConfig) -> dict[str, Any]:
     return raw
 
 
+def write_drafter_files(
+    model: DFlashDrafter, directory: Path, extra_files: dict[str, str] | None = None
+) -> None:
+    """`config.json`, the extra files, then `model.safetensors` (tagged as ours) into an existing directory."""
+    (directory / "config.json").write_text(json.dumps(draft_config_dict(model.cfg), indent=2) + "\n")
+    for name, text in (extra_files or {}).items():
+        (directory / name).write_text(text)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt", OWNER_KEY: OWNER})
+    outdir.normal_mode(directory / "model.safetensors")  # safetensors writes 0600
+
+
 def save_drafter(
-    model: DFlashDrafter, out_dir: str | os.PathLike, extra_files: dict[str, str] | None = None
+    model: DFlashDrafter,
+    out_dir: str | os.PathLike,
+    extra_files: dict[str, str] | None = None,
+    overwrite: bool = False,
 ) -> Path:
-    """Write `config.json` + `model.safetensors` atomically (temporary folder, then rename)."""
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    """Write `config.json` + `model.safetensors` into a temporary sibling, fsync, then swap it into place.
+
+    An existing `out_dir` is replaced only when it is empty, was written by dflash-zoo (`outdir.is_ours`),
+    or `overwrite` is set; otherwise `InvalidArgumentError` and nothing is touched.
+    """
+    out = Path(out_dir).expanduser()
+    outdir.check_output(out, overwrite, flag="overwrite=True")
+    outdir.recover(out)
+    tmp = outdir.new_temp_dir(out)
     try:
-        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(draft_config_dict(model.cfg), indent=2) + "\n")
-        for name, text in (extra_files or {}).items():
-            (tmp / name).write_text(text)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
+        write_drafter_files(model, tmp, extra_files)
+        outdir.fsync_tree(tmp)
+        outdir.swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

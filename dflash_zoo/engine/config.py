@@ -2,7 +2,7 @@
 
 Torch-free on purpose: `check`, `info` and `list` read configs without importing torch.
 
-Generations handled (dflash-method.md §8.1):
+Generations handled (docs/method.md §5):
 - early (Jan 2026): `block_size` / `num_target_layers` top-level, taps from the default rule,
   `rope_theta` + `rope_scaling`, all layers full attention;
 - taps and mask in `dflash_config.{target_layer_ids, mask_token_id}`;
@@ -105,9 +105,16 @@ def load_draft_config(path: str | Path) -> DraftConfig:
     if not path.is_file():
         raise ConfigError(f"no config.json at {path}")
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not valid UTF-8 (byte {exc.start}: {exc.object[exc.start]:#04x})",
+            hint="a drafter config.json is UTF-8 JSON; re-save it as UTF-8 or fetch it again",
+        ) from exc
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
+        raise ConfigError(f"{path} is not valid JSON: {exc}", hint="fix the file or fetch it again") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} is not a JSON object", hint="fix the file or fetch it again")
     return normalize_draft_config(raw)
 
 

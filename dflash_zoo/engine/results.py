@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from dflash_zoo.errors import InvalidArgumentError
+
+log = logging.getLogger("dflash_zoo")
 
 GREEDY_RULE = "greedy-match"
 SAMPLING_RULE = "speculative-sampling (p/q rejection, Leviathan et al. 2023)"
@@ -119,3 +123,38 @@ class GenerationResult:
             "acceptance_rule": self.acceptance_rule,
             "block_size": self.block_size,
         }
+
+
+def fit_to_positions(cfg: GenerationConfig, prompt_tokens: int, max_positions: int | None) -> GenerationConfig:
+    """Refuse a prompt the target cannot hold, and cap `max_new_tokens` to the positions left after it.
+
+    `max_positions` is the target's `max_position_embeddings` (None: unknown, nothing capped). A prompt that
+    fits but leaves fewer than `max_new_tokens` positions runs with the cap and a warning: past its trained
+    positions a target still computes (rope extrapolates) but its output is not to be trusted.
+    """
+    if prompt_tokens < 1:
+        raise InvalidArgumentError(
+            "the prompt is empty (0 tokens)", hint="give some text; with --raw nothing is added to the prompt"
+        )
+    if max_positions is None:
+        return cfg
+    if prompt_tokens >= max_positions:
+        raise InvalidArgumentError(
+            f"the prompt is {prompt_tokens:,} tokens; the target holds {max_positions:,} positions",
+            hint="shorten the prompt (in chat, /clear forgets the conversation)",
+        )
+    room = max_positions - prompt_tokens
+    if cfg.max_new_tokens <= room:
+        return cfg
+    log.warning(
+        "max_new_tokens %d capped to %d: the prompt's %d tokens leave %d of the target's %d positions",
+        cfg.max_new_tokens, room, prompt_tokens, room, max_positions,
+    )  # fmt: skip
+    return replace(cfg, max_new_tokens=room)
+
+
+def target_positions(config: Any) -> int | None:
+    """`max_position_embeddings` of a transformers config (its text config for a VLM), None when absent."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    value = getattr(text, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and value > 0 else None

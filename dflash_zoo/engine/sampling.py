@@ -1,4 +1,4 @@
-"""Token selection and the acceptance rules of the verify step.
+"""Token selection and the acceptance rules of the verify step, shared by every engine.
 
 Greedy (T = 0): accept the longest prefix of drafts equal to the target's argmax, then take the target's
 argmax at the first mismatch (or after the last draft) as the bonus token. Output equals plain greedy decoding.
@@ -9,9 +9,15 @@ at the same slot is p_i. Accept d_i with probability min(1, p_i(d_i) / q_i(d_i))
 sample the bonus from norm(max(p_i - q_i, 0)); if every draft is accepted, sample the bonus from p_k.
 Each slot is sampled independently from its own q_i, which keeps the standard proof valid for parallel drafts,
 so committed tokens are distributed exactly as the target's own sampling with the same settings.
+
+Nothing here syncs with the host, so the static engine runs the same code inside a captured CUDA graph:
+sampling uses the exponential race (argmax of p / E with E ~ Exp(1) picks i with probability p_i) instead of
+`torch.multinomial`, and every random number comes from the caller's `torch.Generator`, never the global one.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -26,41 +32,113 @@ def processed_probs(
         x = x.masked_fill(x < kth, float("-inf"))
     if top_p < 1.0:
         sorted_x, order = torch.sort(x, dim=-1, descending=True)
-        cum = sorted_x.softmax(-1).cumsum(-1)
+        mass = sorted_x.softmax(-1)
         # drop a token when the mass before it already reaches top_p (the top token always stays)
-        drop_sorted = (cum - sorted_x.softmax(-1)) >= top_p
+        drop_sorted = (mass.cumsum(-1) - mass) >= top_p
         x = x.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
     return x.softmax(-1)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """[N, V] -> [N] sampled ids."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """[N, V] probabilities -> [N] sampled ids, with no host sync (exponential race)."""
+    race = torch.empty_like(probs).exponential_(generator=generator)  # [N, V] ~ Exp(1)
+    # Exp(1) can round to 0; a zero would turn p / 0 into inf or nan and pick an impossible token
+    return (probs / race.clamp_min_(torch.finfo(race.dtype).tiny)).argmax(-1)
 
 
-def accept_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """drafts [k], target_logits [k+1, V] -> (number accepted (0-d), bonus token (0-d)). No host sync."""
+def _forced(na: torch.Tensor, force: torch.Tensor | None, k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What-if mode: `force` >= 0 replaces the accepted count (clamped to k drafts); -1 keeps the real one."""
+    if force is None:
+        return na, None
+    on = force >= 0
+    return torch.where(on, force.clamp(max=k), na), on
+
+
+def accept_greedy(
+    drafts: torch.Tensor, target_logits: torch.Tensor, force: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """drafts [k], target_logits [k+1, V] -> (accepted count (0-d long), next token [1])."""
     target = target_logits.argmax(-1)  # [k+1]
     # accepted = length of the longest prefix where draft i equals the target's argmax at slot i
-    na = torch.cumprod((drafts == target[:-1]).int(), dim=0).sum()
-    return na, target[na]
+    na = torch.cumprod((drafts == target[:-1]).long(), dim=0).sum()
+    na, _ = _forced(na, force, drafts.shape[0])
+    return na, target.index_select(0, na.view(1))
 
 
 def accept_rejection(
-    drafts: torch.Tensor, q: torch.Tensor | None, p: torch.Tensor, generator: torch.Generator | None
+    drafts: torch.Tensor,
+    q: torch.Tensor,
+    p: torch.Tensor,
+    generator: torch.Generator | None,
+    force: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Speculative sampling. drafts [k] ~ q [k, V]; p [k+1, V] target probs -> (number accepted, bonus token)."""
+    """Speculative sampling. drafts [k] ~ q [k, V]; p [k+1, V] target probs -> (accepted count, next [1])."""
     k = drafts.shape[0]
-    if k == 0:  # nothing drafted (last token before max_new_tokens): plain sampling from p
-        return torch.zeros((), dtype=torch.long), sample(p[:1], generator)[0]
     idx = torch.arange(k, device=drafts.device)
     p_d, q_d = p[idx, drafts], q[idx, drafts]  # [k]
-    u = torch.rand(k, device=drafts.device, generator=generator)
+    u = torch.rand(k, device=p.device, generator=generator)
     # accept d_i with probability min(1, p_i(d_i) / q_i(d_i)); u * q < p avoids dividing by zero
-    na = torch.cumprod((u * q_d < p_d).int(), dim=0).sum()
-    if int(na) == k:
-        return na, sample(p[k : k + 1], generator)[0]
-    residual = (p[na] - q[na]).clamp_min(0)
+    na = torch.cumprod((u * q_d < p_d).long(), dim=0).sum()
+    na, forced = _forced(na, force, k)
+    p_na = p.index_select(0, na.view(1))  # [1, V]
+    # slot k has no draft (q = 0 there), so its "residual" is p_k itself: one formula for every slot
+    q_na = torch.cat([q, q.new_zeros(1, q.shape[-1])]).index_select(0, na.view(1))
+    residual = (p_na - q_na).clamp_min(0)
     total = residual.sum()
-    residual = residual / total if total > 0 else p[na]  # p == q at this slot: the residual is p itself
-    return na, sample(residual[None], generator)[0]
+    # p == q at this slot leaves no residual mass: the residual is p itself
+    dist = torch.where(total > 0, residual / total.clamp_min(1e-30), p_na)
+    if forced is not None:  # a forced stop is no rejection: the next token is the target's own sample
+        dist = torch.where(forced, p_na, dist)
+    return na, sample(dist, generator)
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """One decoding mode (greedy or sampling with its filters) for drafts, verify and plain steps alike."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return processed_probs(logits, self.temperature, self.top_k, self.top_p)
+
+    def pick(self, logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """[N, V] -> [N]: argmax, or a sample of the processed distribution."""
+        return logits.argmax(-1) if self.greedy else sample(self.probs(logits), generator)
+
+    def propose(
+        self, draft_logits: torch.Tensor, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[k, V] drafter logits -> (drafts [k], their distribution q [k, V], or None when greedy)."""
+        if self.greedy:
+            return draft_logits.argmax(-1), None
+        q = self.probs(draft_logits)
+        return sample(q, generator), q
+
+    def accept(
+        self,
+        drafts: torch.Tensor,
+        q: torch.Tensor | None,
+        target_logits: torch.Tensor,
+        generator: torch.Generator | None,
+        force: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """drafts [k], target logits [k+1, V] -> (accepted count (0-d), next token [1]); no host sync."""
+        if self.greedy:
+            return accept_greedy(drafts, target_logits, force)
+        return accept_rejection(drafts, q, self.probs(target_logits), generator, force)
+
+
+def new_generator(device: torch.device | str, seed: int | None) -> torch.Generator:
+    """A private generator (the caller's global RNG stream is never touched); seed None: a fresh random seed."""
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()  # seeds this generator alone from the OS
+    else:
+        gen.manual_seed(seed)
+    return gen

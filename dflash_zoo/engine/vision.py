@@ -7,7 +7,7 @@ The HF processor renders the chat template and expands each image placeholder in
 tokens the vision tower produces. Everything it returns besides `input_ids` and `attention_mask`
 (`pixel_values`, `image_grid_thw`, `mm_token_type_ids`, `image_position_ids`, ...) goes to the prefill
 forward only: the image lands in the target's KV cache there, and drafting and verification stay
-text-only (drafters are text-only; families.md §3.6). Position state the target derives from the image
+text-only (drafters are text-only; docs/families.md). Position state the target derives from the image
 (Qwen mRoPE `rope_deltas`) is the adapter's business, not this module's.
 
 Loading image files needs Pillow (and, for the fast image processors, torchvision). Neither is imported

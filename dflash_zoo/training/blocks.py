@@ -1,6 +1,6 @@
 """Training blocks: anchors, block inputs, the training attention layout, slot weights and the loss.
 
-Recipe facts (dflash-method.md §5; paper v1 §4.2, app. A.1; anchor rule as in SpecForge
+Recipe facts (docs/method.md §6; paper v1 §4.2, app. A.1; anchor rule as in SpecForge
 `dflash_family_model.py`): anchors are drawn among positions whose token and next token are both supervised;
 slot k of a block holds the mask token (slot 0: the anchor's own token) and is labelled with the token at
 anchor + k; a block's queries see target context strictly before the anchor and their own block only;

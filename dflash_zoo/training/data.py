@@ -55,20 +55,36 @@ class Example:
 
 
 def read_jsonl(path: str | os.PathLike, limit: int | None = None) -> list[Record]:
-    """Parse a JSONL data file; raises `DataError` naming the first bad line."""
+    """Parse a JSONL data file; raises `DataError` naming the file and the first bad line."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"no such data file: {path}")
+        raise DataError(f"no such data file: {path}", hint="check the --data path")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"cannot read data file {path}: {exc.strerror or exc}") from exc
     records: list[Record] = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    # split bytes, not text: str.splitlines would also break lines at U+2028 etc. inside JSON strings
+    for n, raw in enumerate(data.split(b"\n"), start=1):
+        line = _decode(raw, n, path)
         if not line.strip():
             continue
         records.append(_parse(line, n, path))
         if limit is not None and len(records) >= limit:
             break
     if not records:
-        raise DataError(f"{path} holds no records")
+        raise DataError(f"{path} holds no records", hint="one JSON object per line: text, prompt or messages")
     return records
+
+
+def _decode(raw: bytes, n: int, path: Path) -> str:
+    try:
+        return raw.decode("utf-8-sig" if n == 1 else "utf-8")  # a leading byte-order mark is tolerated
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"{path}:{n}: not valid UTF-8 (byte {exc.start + 1} of the line)",
+            hint="convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8",
+        ) from exc
 
 
 def _parse(line: str, n: int, path: Path) -> Record:

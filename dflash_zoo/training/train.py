@@ -1,4 +1,4 @@
-"""Train a DFlash drafter for a Hugging Face target (recipe: dflash-method.md §5, paper v1 §4.2 + app. A.1).
+"""Train a DFlash drafter for a Hugging Face target (recipe: docs/method.md §6, paper v1 §4.2 + app. A.1).
 
 Per sequence: the frozen target runs once with taps on (features [1, T, K*H]); `anchors_per_seq` anchors are
 drawn among response positions whose next token is also supervised (SpecForge rule), resampled every pass.
@@ -25,17 +25,19 @@ import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from rich.progress import Progress, TextColumn
 
-from dflash_zoo.engine.checkpoint import load_drafter, save_drafter
+from dflash_zoo.engine import outdir
+from dflash_zoo.engine.checkpoint import load_drafter, save_drafter, write_drafter_files
 from dflash_zoo.engine.config import DraftConfig, default_target_layer_ids, normalize_draft_config
 from dflash_zoo.engine.drafter import DFlashDrafter
-from dflash_zoo.errors import ConfigError
+from dflash_zoo.errors import ConfigError, InvalidArgumentError
+from dflash_zoo.training import checkpoints
 from dflash_zoo.training.blocks import (
     block_loss,
     loss_weights,
@@ -44,10 +46,11 @@ from dflash_zoo.training.blocks import (
     sample_anchors,
     target_features,
 )
+from dflash_zoo.training.checkpoints import STATE_FILE
 from dflash_zoo.training.data import Example
 
 log = logging.getLogger("dflash_zoo")
-STATE_FILE = "trainer_state.pt"
+__all__ = ["STATE_FILE", "TrainConfig", "TrainResult", "train"]
 MAX_SLOTS = 16384  # block slots (queries) per drafter call
 
 
@@ -76,25 +79,32 @@ class TrainConfig:
     no_target_features: bool = False
     uniform_blocks: bool = False
     uniform_loss_weights: bool = False
+    overwrite: bool = False  # replace an `out` that dflash-zoo did not write
+    keep_checkpoints: bool = False  # keep `<out>-checkpoint` after success (else it is removed)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainResult:
-    """What `train` returns; `history` holds (step, loss, tau) at each log point."""
+    """What `train` returns; `history` holds (step, loss, tau) at each log point.
+
+    `loss` / `tau` are those of the last step run by this call: None when it ran none (a finished run resumed).
+    """
 
     out_dir: str
     steps: int
-    loss: float
-    tau: float
+    loss: float | None
+    tau: float | None
     seconds: float
     tokens_per_second: float
-    history: list[tuple[int, float, float]] = field(default_factory=list)
+    history: tuple[tuple[int, float, float], ...] = ()
 
 
 def build_draft_config(target: Any, tokenizer: Any, cfg: TrainConfig) -> DraftConfig:
     """A z-lab draft config for `target`: Qwen3 layers of the target's width, taps by the upstream rule."""
     tc = target.config.get_text_config()
     n_layers = tc.num_hidden_layers
+    if cfg.target_layer_ids:
+        check_layer_ids(cfg.target_layer_ids, n_layers)
     taps = (
         list(cfg.target_layer_ids)
         if cfg.target_layer_ids
@@ -126,22 +136,40 @@ def build_draft_config(target: Any, tokenizer: Any, cfg: TrainConfig) -> DraftCo
     return normalize_draft_config(raw)
 
 
+def check_layer_ids(ids: tuple[int, ...] | list[int], n_layers: int) -> None:
+    """Tap ids must be distinct layers of the target: 0 .. n_layers - 1."""
+    bad = [i for i in ids if not 0 <= i < n_layers]
+    if bad or len(set(ids)) != len(ids):
+        what = f"{', '.join(map(str, bad))} outside" if bad else "repeats an id; ids must be distinct in"
+        raise InvalidArgumentError(
+            f"--target-layer-ids {what} the target's layers 0..{n_layers - 1}",
+            hint=f"pass distinct ids between 0 and {n_layers - 1}, or leave the option out for the default",
+        )
+
+
 def pick_mask_id(target: Any, tokenizer: Any, cfg: TrainConfig) -> int:
-    """--mask-token-id, else the tokenizer's `<|MASK|>`, else the last embedding row when the tokenizer stops short."""
+    """--mask-token-id, else the tokenizer's declared mask token, else `<|MASK|>`, else the last embedding row
+    when the tokenizer stops short of the table (the Qwen3 situation)."""
     rows = target.get_input_embeddings().weight.shape[0]
+    declared = getattr(tokenizer, "mask_token_id", None) if tokenizer is not None else None
     if cfg.mask_token_id is not None:
         mask = cfg.mask_token_id
+    elif isinstance(declared, int):
+        mask = declared
     elif tokenizer is not None and "<|MASK|>" in tokenizer.get_vocab():
         mask = tokenizer.convert_tokens_to_ids("<|MASK|>")
     elif tokenizer is not None and len(tokenizer) < rows:
         mask = rows - 1
     else:
         raise ConfigError(
-            "no mask token: the tokenizer has no <|MASK|> and fills the embedding table",
+            "no mask token: the tokenizer declares none, has no <|MASK|> and fills the embedding table",
             hint="pass --mask-token-id ID (a reserved id below the embedding rows)",
         )
     if not 0 <= mask < rows:
-        raise ConfigError(f"mask token id {mask} outside the target's {rows} embedding rows")
+        raise InvalidArgumentError(
+            f"mask token id {mask} outside the target's embedding rows 0..{rows - 1}",
+            hint="pass --mask-token-id with a reserved id inside the table",
+        )
     return int(mask)
 
 
@@ -157,18 +185,46 @@ def new_drafter(draft_cfg: DraftConfig, cfg: TrainConfig, init: str | None, devi
     return model.train()
 
 
-def save_checkpoint(model: DFlashDrafter, opt: Any, step: int, gen: torch.Generator, directory: Path) -> None:
-    """fp32 drafter + optimizer, step and anchor RNG, for `--resume`."""
-    save_drafter(model, directory)
-    torch.save({"step": step, "optimizer": opt.state_dict(), "rng": gen.get_state()}, directory / STATE_FILE)
+def save_checkpoint(model: DFlashDrafter, opt: Any, step: int, gen: torch.Generator, root: Path) -> Path:
+    """fp32 drafter + optimizer, step and anchor RNG, for `--resume` (one crash-safe `step-N/` under `root`)."""
+
+    def write(directory: Path) -> None:
+        write_drafter_files(model, directory)
+        torch.save({"step": step, "optimizer": opt.state_dict(), "rng": gen.get_state()}, directory / STATE_FILE)
+
+    return checkpoints.save(root, step, write)
 
 
-def save_output(model: DFlashDrafter, directory: Path, dtype: torch.dtype, meta: dict) -> None:
+def save_output(model: DFlashDrafter, directory: Path, dtype: torch.dtype, meta: dict, overwrite: bool) -> None:
     """The final z-lab drafter in `dtype`, plus the training settings as `training_args.json`."""
     import json
 
     clone = copy.deepcopy(model).to(dtype)
-    save_drafter(clone, directory, {"training_args.json": json.dumps(meta, indent=2, default=str) + "\n"})
+    text = json.dumps(meta, indent=2, default=str) + "\n"
+    save_drafter(clone, directory, {"training_args.json": text}, overwrite=overwrite)
+
+
+def check_locations(cfg: TrainConfig, resume: bool) -> Path | None:
+    """Every output location checked (and our leftovers recovered) before any model is loaded.
+
+    Returns the checkpoint `--resume` will use (None without `resume`).
+    """
+    out, root = Path(cfg.out).expanduser(), checkpoints.root_for(cfg.out)
+    outdir.check_writable(out.parent if out.exists() else out, "output directory")
+    outdir.recover(out)
+    outdir.check_output(out, cfg.overwrite)
+    checkpoints.check_root(root)
+    return checkpoints.latest(root) if resume else None
+
+
+def _announce_checkpoints(cfg: TrainConfig, drafter: DFlashDrafter, root: Path) -> None:
+    from dflash_zoo.output import human_size, stderr
+
+    if not (cfg.save_every or cfg.keep_checkpoints):
+        return  # no checkpoint is ever written
+    size = 3 * 4 * sum(p.numel() for p in drafter.parameters())  # fp32 weights + two AdamW moments
+    fate = "kept (--keep-checkpoints)" if cfg.keep_checkpoints else "removed after a successful run"
+    stderr().print(f"checkpoints: {root} (about {human_size(size)}; {fate})", highlight=False, markup=False)
 
 
 def dist_info() -> tuple[int, int, int]:
@@ -282,20 +338,20 @@ def train(
 
     Args:
         init: an existing drafter directory to start from (its shape wins over `cfg`).
-        resume: continue from `<out>-checkpoint` (weights, optimizer, step counter, anchor RNG).
+        resume: continue from the newest complete checkpoint in `<out>-checkpoint` (weights, optimizer,
+            step counter, anchor RNG).
         meta: extra provenance written into `training_args.json`.
     Returns:
         A `TrainResult` (steps, last loss / tau estimate, wall time, tokens/s, history).
     """
-    from dflash_zoo.output import stderr
-
     model.requires_grad_(False)
-    out, ckpt = Path(cfg.out), Path(f"{cfg.out}-checkpoint")
+    rank, _, _ = dist_info()
+    out, root = Path(cfg.out).expanduser(), checkpoints.root_for(cfg.out)
+    found = check_locations(cfg, resume) if rank == 0 else (checkpoints.latest(root) if resume else None)
     state = None
-    if resume:
-        if not (ckpt / STATE_FILE).is_file():
-            raise ConfigError(f"nothing to resume: {ckpt / STATE_FILE} missing")
-        init, state = str(ckpt), torch.load(ckpt / STATE_FILE, weights_only=True)
+    if found is not None:
+        init, state = str(found), checkpoints.load_state(found)
+        log.info("resuming from %s (step %d)", found, int(state["step"]))
     drafter = new_drafter(None if init else build_draft_config(model, tokenizer, cfg), cfg, init, device)
     tr = _Trainer(cfg, model, drafter, examples, device)
     step = 0
@@ -303,7 +359,41 @@ def train(
         tr.opt.load_state_dict(state["optimizer"])
         tr.gen.set_state(state["rng"])
         step = int(state["step"])
-    res = TrainResult(str(out), step, float("nan"), float("nan"), 0.0, 0.0)
+    if tr.rank == 0:
+        _announce_checkpoints(cfg, drafter, root)
+    run = _run(cfg, tr, step, root)
+    if tr.rank == 0:
+        unsaved = run.last_saved != run.steps and (state is None or run.steps != int(state["step"]))
+        if cfg.keep_checkpoints and unsaved:
+            save_checkpoint(tr.raw, tr.opt, run.steps, tr.gen, root)
+        info = {**asdict(cfg), **(meta or {}), "steps_done": run.steps, "final_loss": run.loss,
+                "seconds": run.seconds}  # fmt: skip
+        save_output(tr.raw, out, model.dtype, info, cfg.overwrite)
+        if not cfg.keep_checkpoints:
+            checkpoints.remove(root)  # only after the output is in place
+    if tr.world > 1:
+        torch.distributed.barrier()
+    return TrainResult(str(out), run.steps, run.loss, run.tau, run.seconds, run.tokens_per_second, run.history)
+
+
+@dataclass(frozen=True)
+class _Run:
+    steps: int
+    loss: float | None
+    tau: float | None
+    seconds: float
+    tokens_per_second: float
+    history: tuple[tuple[int, float, float], ...]
+    last_saved: int | None  # step of the last checkpoint written during the loop
+
+
+def _run(cfg: TrainConfig, tr: _Trainer, step: int, root: Path) -> _Run:
+    """The optimizer loop from `step` to the end (or the time budget), with progress and checkpoints."""
+    from dflash_zoo.output import stderr
+
+    loss = tau = None
+    history: list[tuple[int, float, float]] = []
+    last_saved = None
     t0, tokens, every = time.perf_counter(), 0, max(1, tr.total // 20)
     bar = Progress(
         *Progress.get_default_columns(),
@@ -321,29 +411,17 @@ def train(
             loss, tau, n = tr.step(step, progress)
             step, tokens = step + 1, tokens + n
             tps = tokens * tr.world / max(1e-9, time.perf_counter() - t0)
-            res.loss, res.tau = loss, tau
             bar.update(task, completed=step, info=f"loss {loss:.3f} tau~{tau:.2f} {tps:,.0f} tok/s")
             if step % every == 0 or step == tr.total:
-                res.history.append((step, loss, tau))
+                history.append((step, loss, tau))
                 if tr.rank == 0 and not stderr().is_terminal:
                     stderr().print(
                         f"step {step}/{tr.total} loss {loss:.4f} tau~{tau:.2f} {tps:,.0f} tok/s",
                         highlight=False,
                     )
             if tr.rank == 0 and cfg.save_every and step % cfg.save_every == 0:
-                save_checkpoint(tr.raw, tr.opt, step, tr.gen, ckpt)
-    res.steps, res.seconds = step, time.perf_counter() - t0
-    res.tokens_per_second = tokens * tr.world / max(1e-9, res.seconds)
-    if tr.rank == 0:
-        save_checkpoint(tr.raw, tr.opt, step, tr.gen, ckpt)
-        info = {
-            **asdict(cfg),
-            **(meta or {}),
-            "steps_done": step,
-            "final_loss": res.loss,
-            "seconds": res.seconds,
-        }
-        save_output(tr.raw, out, model.dtype, info)
-    if tr.world > 1:
-        torch.distributed.barrier()
-    return res
+                save_checkpoint(tr.raw, tr.opt, step, tr.gen, root)
+                last_saved = step
+    seconds = time.perf_counter() - t0
+    tps = tokens * tr.world / max(1e-9, seconds)
+    return _Run(step, loss, tau, seconds, tps, tuple(history), last_saved)

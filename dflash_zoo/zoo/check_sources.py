@@ -166,16 +166,14 @@ def _cached_config(repo: str, revision: str | None) -> Path | None:
 
 
 def _hub_config(repo: str, revision: str | None) -> Path:
-    """Download only `config.json` into the HF cache; hub errors become ZooErrors with a next step."""
-    from huggingface_hub import hf_hub_download
+    """Download only `config.json` into the HF cache; hub errors become ZooErrors with a next step.
 
+    Through `hub.snapshot` (one listing call, then a verified fetch), not `hf_hub_download`: that one retries
+    an unreachable Hub five times with backoff (~25 s, a log line each), where `pull` fails at once.
+    """
     from dflash_zoo.zoo import hub
 
-    with hub.hub_errors(repo, revision, offline=False):
-        path = hf_hub_download(
-            repo, "config.json", revision=revision, cache_dir=hub.hub_cache_dir(), endpoint=hub.hub_endpoint()
-        )
-    return Path(path)
+    return hub.snapshot(repo, revision, allow_patterns=["config.json"], offline=False) / "config.json"
 
 
 def _read_json(path: Path) -> dict:
@@ -183,7 +181,7 @@ def _read_json(path: Path) -> dict:
         raise NotFoundError(f"no config file at {path}")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:  # UnicodeDecodeError: not UTF-8
         raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path} is not a JSON object")

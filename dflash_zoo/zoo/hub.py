@@ -7,9 +7,11 @@ huggingface_hub reads `HF_ENDPOINT`, `HF_HUB_CACHE` and `HF_HUB_OFFLINE` once, a
 them from `os.environ` at call time and passes `endpoint=` / `cache_dir=` explicitly, so a changed environment
 (tests, a long-lived process) is honoured with hub 1.x and 2.x alike.
 
-Pulling is two steps: `plan_pull` (one revision lookup: files, sizes, commit, what is cached) and
-`download` (fetches only what is missing; resumable, since the client continues `.incomplete` blobs).
-Removal is `plan_removal` + `execute_removal` over `scan_cache_dir().delete_revisions`.
+Pulling is two steps: `plan_pull` (one revision lookup: files, sizes, hashes, commit, what is cached) and
+`download` (fetches only what is missing, through `fetch.fetch_blob`: every file is verified against the Hub's
+sha256 / git blob id before it enters `blobs/`, and interrupted transfers resume across processes). The
+snapshot links are made only after every file verified, so a failed pull adds nothing to the snapshot.
+`verify` re-hashes cached files. Free-space and writability checks are in `storage`; removal in `removal`.
 """
 
 from __future__ import annotations
@@ -17,20 +19,27 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from dflash_zoo.errors import NotFoundError, OfflineError, ZooError
+from dflash_zoo.zoo import fetch
+from dflash_zoo.zoo.storage import DiskSpaceError, ensure_writable, free_space_check  # noqa: F401  (re-exported)
 
 log = logging.getLogger("dflash_zoo")
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _SHA = re.compile(r"^[0-9a-f]{40}$")
+_DIGEST = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+# cached files up to this size are re-hashed on every pull (configs, tokenizers: milliseconds); bigger ones
+# (weights) only with `pull --verify`, since they were verified when they were downloaded
+ALWAYS_VERIFY_BYTES = 32 * 2**20
 
 
 class GatedRepoError(ZooError):
-    """The repo needs an accepted licence and a token."""
+    """The repo needs an accepted license and a token."""
 
 
 class HubUnavailableError(ZooError):
@@ -58,18 +67,36 @@ def hub_cache_dir() -> Path:
     return Path(os.path.expandvars(os.path.expanduser(env))) if env else hf_home() / "hub"
 
 
+def cache_env_var() -> str:
+    """The variable that chose `hub_cache_dir()`, for error messages."""
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME"):
+        if os.environ.get(var):
+            return var
+    return "HF_HOME unset, so the default"
+
+
 def repo_cache_dir(repo_id: str) -> Path:
     """`<cache>/models--<org>--<name>`, whether or not it exists."""
     return hub_cache_dir() / ("models--" + repo_id.replace("/", "--"))
 
 
+def lock_file(repo_id: str, blob_name: str) -> Path:
+    """The per-blob lock huggingface_hub also takes: `<cache>/.locks/models--<org>--<name>/<blob>.lock`."""
+    return hub_cache_dir() / ".locks" / repo_cache_dir(repo_id).name / f"{blob_name}.lock"
+
+
 @dataclass(frozen=True)
 class RemoteFile:
-    """One file of a planned pull; `cached` when it is already in the snapshot folder."""
+    """One file of a planned pull; `cached` when it is in the snapshot folder.
+
+    `digest` is the hash the Hub publishes (sha256 for LFS files, the git blob id otherwise) and the blob's
+    name in the cache; None when the Hub gave none (the file is then checked by size only, with a warning).
+    """
 
     path: str
     size: int
     cached: bool
+    digest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +128,7 @@ class PullPlan:
 
 @dataclass(frozen=True)
 class PullResult:
-    """A finished pull: the local snapshot folder and how many bytes came over the network."""
+    """A finished pull: the snapshot folder and the bytes that really came over the network."""
 
     repo_id: str
     revision: str
@@ -109,6 +136,17 @@ class PullResult:
     path: Path
     downloaded_bytes: int
     up_to_date: bool
+    fetched: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CorruptFile:
+    """A cached file whose bytes do not hash to the digest it is stored under."""
+
+    repo_id: str
+    path: str
+    expected: str
+    actual: str
 
 
 def snapshot(
@@ -117,18 +155,28 @@ def snapshot(
     allow_patterns: list[str] | None = None,
     offline: bool | None = None,
 ) -> Path:
-    """Local snapshot folder of `repo_id` at `revision`, downloading what is missing unless offline."""
+    """Snapshot folder of `repo_id` at `revision`, downloading (verified) what is missing unless offline."""
+    offline = is_offline() if offline is None else offline
+    if not offline:
+        try:
+            plan = plan_pull(repo_id, revision, allow_patterns, offline=False)
+        except HubUnavailableError as exc:
+            try:  # as huggingface_hub does: an unreachable Hub falls back to a complete cached snapshot
+                path = _offline_plan(repo_id, revision or "main", _patterns(allow_patterns), repo_id).path
+            except OfflineError:
+                raise exc from None
+            log.warning("%s; using the cached snapshot %s", exc, path)
+            return path
+        return download(plan, progress=sys.stderr.isatty()).path
     from huggingface_hub import snapshot_download
 
-    offline = is_offline() if offline is None else offline
-    with hub_errors(repo_id, revision, offline=offline):
+    with hub_errors(repo_id, revision, offline=True):
         path = snapshot_download(
             repo_id,
             revision=revision,
             allow_patterns=allow_patterns,
-            local_files_only=offline,
+            local_files_only=True,
             cache_dir=str(hub_cache_dir()),
-            endpoint=None if offline else hub_endpoint(),
         )
     return Path(path)
 
@@ -140,49 +188,149 @@ def plan_pull(
     offline: bool | None = None,
     name: str | None = None,
 ) -> PullPlan:
-    """List files, sizes and the commit of `repo_id@revision`, marking what is cached.
+    """List files, sizes, hashes and the commit of `repo_id@revision`, marking what is cached.
 
     Online: one `model_info(files_metadata=True)` call. Offline: the cache only (never the network); raises
     `OfflineError` naming what is missing and `dflash-zoo pull <name>` as the next step.
     """
     revision = revision or "main"
-    patterns = tuple(allow_patterns) if allow_patterns else None
+    patterns = _patterns(allow_patterns)
     if is_offline() if offline is None else offline:
         return _offline_plan(repo_id, revision, patterns, name or repo_id)
     from huggingface_hub import HfApi
 
     with hub_errors(repo_id, revision, offline=False):
         info = HfApi(endpoint=hub_endpoint()).model_info(repo_id, revision=revision, files_metadata=True)
-    siblings = {s.rfilename: int(s.size or 0) for s in info.siblings or []}
+    siblings = {s.rfilename: s for s in info.siblings or []}
     wanted = _filter(sorted(siblings), patterns)
     if patterns and not wanted:
         raise NotFoundError(f"no file matching {list(patterns)} in {repo_id} at {revision}")
     snap = repo_cache_dir(repo_id) / "snapshots" / str(info.sha)
-    files = tuple(RemoteFile(p, siblings[p], (snap / p).is_file()) for p in wanted)
+    files = tuple(
+        RemoteFile(p, int(siblings[p].size or 0), (snap / p).is_file(), _sibling_digest(siblings[p]))
+        for p in wanted
+    )
     return PullPlan(repo_id, revision, str(info.sha), files, patterns)
 
 
-def download(plan: PullPlan, progress: bool = True) -> PullResult:
-    """Fetch what `plan` marks missing (progress bars on stderr when `progress`); a no-op when up to date.
+def _patterns(allow_patterns: Sequence[str] | None) -> tuple[str, ...] | None:
+    return tuple(allow_patterns) if allow_patterns else None
 
-    Pins the download to `plan.commit` and records `refs/<revision>` so offline lookups of the name work.
+
+def _sibling_digest(sibling: object) -> str | None:
+    """The Hub's hash of a listed file: `lfs.sha256` for LFS files, else the git blob id."""
+    lfs = getattr(sibling, "lfs", None)
+    digest = (getattr(lfs, "sha256", None) if lfs else None) or getattr(sibling, "blob_id", None)
+    return digest.lower() if isinstance(digest, str) and _DIGEST.match(digest.lower()) else None
+
+
+def verify(plan: PullPlan, everything: bool = False) -> list[CorruptFile]:
+    """Re-hash the cached files of `plan` (all when `everything`, else those up to `ALWAYS_VERIFY_BYTES`)."""
+    bad = []
+    for f in plan.files:
+        if not f.cached or not (everything or f.size <= ALWAYS_VERIFY_BYTES):
+            continue
+        expected = f.digest or _linked_digest(plan.path / f.path)
+        if expected is None:
+            continue  # a copied file (no blob link) of an offline plan: nothing to compare with
+        actual = fetch.hash_file(plan.path / f.path, expected)
+        if actual != expected:
+            bad.append(CorruptFile(plan.repo_id, f.path, expected, actual))
+    return bad
+
+
+def _linked_digest(pointer: Path) -> str | None:
+    """The blob name a snapshot symlink points at, when it is a hash (the HF cache names blobs by ETag)."""
+    if not pointer.is_symlink():
+        return None
+    name = os.path.basename(os.readlink(pointer))
+    return name if _DIGEST.match(name) else None
+
+
+def bytes_to_fetch(plan: PullPlan, refetch: Collection[str] = ()) -> int:
+    """Bytes `download(plan, refetch=...)` still has to transfer (partial files already on disk count)."""
+    blobs = repo_cache_dir(plan.repo_id) / "blobs"
+    total = 0
+    for f in _to_fetch(plan, refetch):
+        part = blobs / f"{f.digest}{fetch.PARTIAL_SUFFIX}" if f.digest else None
+        have = part.stat().st_size if part is not None and part.is_file() else 0
+        total += max(f.size - have, 0)
+    return total
+
+
+def check_space(need: int, repo_ids: Sequence[str]) -> None:
+    """Raise `DiskSpaceError` naming the cache folder when it has less than `need` bytes free."""
+    free_space_check(need, hub_cache_dir(), ", ".join(repo_ids), cache_env_var())
+
+
+def download(plan: PullPlan, progress: bool = True, refetch: Collection[str] = ()) -> PullResult:
+    """Fetch what `plan` marks missing, plus the cached files named in `refetch` (re-downloaded, verified).
+
+    Checks that the cache is writable and has room first. Files land in `blobs/` verified, and the snapshot
+    links are made once all of them are there. Records `refs/<revision>` so offline lookups of the name work.
     """
-    if not plan.up_to_date:
-        from huggingface_hub import snapshot_download
-
-        log.info("downloading %s@%s (%d bytes)", plan.repo_id, plan.commit[:12], plan.missing_bytes)
-        with hub_errors(plan.repo_id, plan.revision, offline=False), _progress_bars(progress):
-            snapshot_download(
-                plan.repo_id,
-                revision=plan.commit,
-                allow_patterns=list(plan.allow_patterns) if plan.allow_patterns else None,
-                cache_dir=str(hub_cache_dir()),
-                endpoint=hub_endpoint(),
-            )
+    todo = _to_fetch(plan, refetch)
+    received = 0
+    if todo:
+        ensure_writable(hub_cache_dir(), "the Hugging Face cache", cache_env_var())
+        check_space(bytes_to_fetch(plan, refetch), [plan.repo_id])
+        log.info("downloading %s@%s (%d files)", plan.repo_id, plan.commit[:12], len(todo))
+        with hub_errors(plan.repo_id, plan.revision, offline=False):
+            received = sum(_fetch_one(plan, f, progress, f.path in refetch) for f in todo)
+        for f in todo:
+            _link(plan, f)
     _write_ref(plan.repo_id, plan.revision, plan.commit)
-    return PullResult(
-        plan.repo_id, plan.revision, plan.commit, plan.path, plan.missing_bytes, up_to_date=plan.up_to_date
-    )
+    return PullResult(plan.repo_id, plan.revision, plan.commit, plan.path, received,
+                      up_to_date=not todo, fetched=tuple(f.path for f in todo))  # fmt: skip
+
+
+def _to_fetch(plan: PullPlan, refetch: Collection[str]) -> list[RemoteFile]:
+    return [f for f in plan.files if not f.cached or f.path in refetch]
+
+
+def _fetch_one(plan: PullPlan, f: RemoteFile, progress: bool, replace: bool) -> int:
+    """Fetch one file into `blobs/<digest>` (verified); the digest is the listing's, or a HEAD's ETag."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers
+
+    url = hf_hub_url(plan.repo_id, f.path, revision=plan.commit, endpoint=hub_endpoint())
+    headers = build_hf_headers()
+    digest = f.digest or _head_digest(url, headers, f.path)
+    label = f"{f.path} of {plan.repo_id}@{plan.commit[:12]}"
+    blob = repo_cache_dir(plan.repo_id) / "blobs" / digest
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    return fetch.fetch_blob(url, blob, digest, f.size, label, headers, lock_file(plan.repo_id, digest),
+                            progress=progress, replace=replace)  # fmt: skip
+
+
+def _head_digest(url: str, headers: dict[str, str], path: str) -> str:
+    """The ETag of a file the listing gave no hash for; only a sha256 or git blob id can be verified."""
+    from huggingface_hub import get_hf_file_metadata
+
+    etag = (get_hf_file_metadata(url, headers=headers).etag or "").lower()
+    if not _DIGEST.match(etag):
+        raise fetch.IntegrityError(
+            f"the Hub gives no sha256 or git blob id for {path} (ETag {etag!r}): it cannot be verified",
+            hint="the endpoint (HF_ENDPOINT) is not a Hub that publishes file hashes",
+        )
+    return etag
+
+
+def _link(plan: PullPlan, f: RemoteFile) -> None:
+    """Point `snapshots/<commit>/<path>` at its blob with a relative symlink (swapped in atomically)."""
+    pointer = plan.path / f.path
+    digest = f.digest or _linked_digest(pointer)
+    if digest is None:
+        return
+    blob = repo_cache_dir(plan.repo_id) / "blobs" / digest
+    target = os.path.relpath(blob, pointer.parent)
+    if pointer.is_symlink() and os.readlink(pointer) == target:
+        return
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}.link")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    os.replace(tmp, pointer)
 
 
 def _filter(paths: list[str], patterns: tuple[str, ...] | None) -> list[str]:
@@ -215,7 +363,7 @@ def _offline_plan(repo_id: str, revision: str, patterns: tuple[str, ...] | None,
     if not wanted:
         what = f"files matching {list(patterns)}" if patterns else "files"
         raise OfflineError(f"{repo_id} snapshot {commit[:12]} has no cached {what}; offline mode is on", hint)
-    files = tuple(RemoteFile(p, (snap / p).stat().st_size, True) for p in wanted)
+    files = tuple(RemoteFile(p, (snap / p).stat().st_size, True, _linked_digest(snap / p)) for p in wanted)
     return PullPlan(repo_id, revision, commit, files, patterns)
 
 
@@ -225,23 +373,11 @@ def _write_ref(repo_id: str, revision: str, commit: str) -> None:
         return
     ref = repo_cache_dir(repo_id) / "refs" / revision
     if not ref.is_file() or ref.read_text().strip() != commit:
-        ref.parent.mkdir(parents=True, exist_ok=True)
-        ref.write_text(commit)
-
-
-@contextmanager
-def _progress_bars(enabled: bool) -> Iterator[None]:
-    """Turn huggingface_hub's tqdm bars off for the block when not `enabled`, then restore them."""
-    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
-
-    change = not enabled and not are_progress_bars_disabled()
-    if change:
-        disable_progress_bars()
-    try:
-        yield
-    finally:
-        if change:
-            enable_progress_bars()
+        try:
+            ref.parent.mkdir(parents=True, exist_ok=True)
+            ref.write_text(commit)
+        except OSError as exc:  # best effort, as in huggingface_hub: a read-only cache still serves files
+            log.warning("could not record %s -> %s in %s: %s", revision, commit[:12], ref, exc)
 
 
 @contextmanager
@@ -254,7 +390,7 @@ def hub_errors(repo_id: str, revision: str | None, offline: bool) -> Iterator[No
         yield
     except e.GatedRepoError as exc:
         url = f"{hub_endpoint()}/{repo_id}"
-        hint = f"run `hf auth login` (or set HF_TOKEN) and accept the licence at {url}"
+        hint = f"run `hf auth login` (or set HF_TOKEN) and accept the license at {url}"
         raise GatedRepoError(f"{repo_id} is gated and this token has no access", hint) from exc
     except e.RepositoryNotFoundError as exc:
         raise NotFoundError(
@@ -291,65 +427,3 @@ def _url_tail(exc: BaseException) -> str:
     """The repo-relative file name from a hub error's URL, or the error's first line."""
     url = str(getattr(getattr(exc, "response", None), "url", "") or "")
     return url.split("/resolve/", 1)[-1].split("/", 1)[-1] if "/resolve/" in url else str(exc).splitlines()[0]
-
-
-@dataclass(frozen=True)
-class CachedRevision:
-    """One cached snapshot of a repo."""
-
-    repo_id: str
-    commit: str
-    refs: tuple[str, ...]
-    size_bytes: int
-    path: Path
-
-
-@dataclass(frozen=True)
-class RemovalPlan:
-    """Cached revisions that `execute_removal` deletes; `not_cached` lists asked-for repos with nothing cached."""
-
-    revisions: tuple[CachedRevision, ...]
-    not_cached: tuple[str, ...]
-    expected_freed_bytes: int
-
-
-def cached_revisions(repo_id: str) -> list[CachedRevision]:
-    """All cached revisions of a model repo (empty when the cache or repo is absent); no network."""
-    info = _scan()
-    repos = [] if info is None else [r for r in info.repos if r.repo_id == repo_id and r.repo_type == "model"]
-    return [
-        CachedRevision(repo_id, r.commit_hash, tuple(sorted(r.refs)), r.size_on_disk, Path(r.snapshot_path))
-        for repo in repos
-        for r in sorted(repo.revisions, key=lambda r: r.commit_hash)
-    ]
-
-
-def plan_removal(repo_ids: Sequence[str]) -> RemovalPlan:
-    """Every cached revision of `repo_ids`, with the bytes deleting them frees (shared blobs counted once)."""
-    revisions = tuple(r for repo_id in dict.fromkeys(repo_ids) for r in cached_revisions(repo_id))
-    missing = tuple(rid for rid in dict.fromkeys(repo_ids) if not any(r.repo_id == rid for r in revisions))
-    freed = 0
-    if revisions:
-        freed = _scan().delete_revisions(*(r.commit for r in revisions)).expected_freed_size
-    return RemovalPlan(revisions, missing, freed)
-
-
-def execute_removal(plan: RemovalPlan) -> int:
-    """Delete the planned revisions through `scan_cache_dir().delete_revisions(...)`; returns bytes freed."""
-    if not plan.revisions:
-        return 0
-    strategy = _scan().delete_revisions(*(r.commit for r in plan.revisions))
-    strategy.execute()
-    log.info("removed %d revision(s), %d bytes", len(plan.revisions), strategy.expected_freed_size)
-    return strategy.expected_freed_size
-
-
-def _scan():
-    """`scan_cache_dir` on the current cache folder, or None when the folder does not exist."""
-    from huggingface_hub import scan_cache_dir
-    from huggingface_hub.errors import CacheNotFound
-
-    try:
-        return scan_cache_dir(hub_cache_dir())
-    except CacheNotFound:
-        return None

@@ -11,8 +11,10 @@ Contract:
   as adapters land or fail to import.
 - `Registry.resolve(name)` tries slug, alias, target repo, draft repo, then variant repo, each an exact
   case-insensitive match; never a substring or prefix. `by_fingerprint` matches target config shapes.
-- `read_lock` / `write_lock` keep `$DFLASH_ZOO_HOME/lock.json` ({slug: {draft_repo, requested_revision,
-  commit, pulled_at}}); writes are atomic.
+- `read_lock` / `write_lock` keep `$DFLASH_ZOO_HOME/lock.json`: {slug: {draft_repo, draft_revision,
+  draft_commit, target_repo, target_revision, target_commit, pulled_at}} (target keys only once the target was
+  pulled; `commit` / `requested_revision` repeat the draft's for older readers); `read_pins` reads both pins,
+  `drop_pins` forgets those of removed repos; writes are atomic.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class TargetFingerprint:
 
 @dataclass(frozen=True)
 class DraftFingerprint:
-    """Drafter facts from its pinned config; None (or None taps) where families.md has "?"."""
+    """Drafter facts from its pinned config; None (or None taps) where the registry records them unknown."""
 
     block_size: int | None
     target_layer_ids: tuple[int, ...] | None
@@ -271,7 +273,12 @@ class Pins:
 
 def read_pins(entry: Entry) -> Pins:
     """Pins of `entry` from the lock file; a pin recorded for another repo (the entry changed) is ignored."""
-    rec = read_lock().get(entry.slug) or {}
+    return pins_of(entry, read_lock())
+
+
+def pins_of(entry: Entry, lock: dict) -> Pins:
+    """`read_pins` on an already-read lock file (one read for many entries)."""
+    rec = lock.get(entry.slug) or {}
     draft = rec.get("draft_commit") or rec.get("commit")  # "commit": lock files written before target pins
     return Pins(
         draft=draft if rec.get("draft_repo") == entry.draft_repo else None,
@@ -279,15 +286,65 @@ def read_pins(entry: Entry) -> Pins:
     )
 
 
-def write_lock(slug: str, draft_repo: str, requested_revision: str, commit: str) -> None:
-    """Record (or replace) the pinned commit of `slug`; written to a temp file, then `os.replace`d."""
+def write_lock(
+    slug: str,
+    draft_repo: str,
+    requested_revision: str,
+    commit: str,
+    *,
+    target_repo: str | None = None,
+    target_revision: str | None = None,
+    target_commit: str | None = None,
+) -> None:
+    """Record the pinned draft commit of `slug` (and the target's, when given); atomic (temp file + replace).
+
+    A target pin recorded earlier for the same target repo is kept when this pull did not fetch the target.
+    """
     data = read_lock()
-    data[slug] = {
+    old = data.get(slug) or {}
+    rec = {
         "draft_repo": draft_repo,
-        "requested_revision": requested_revision,
+        "draft_revision": requested_revision,
+        "draft_commit": commit,
+        "requested_revision": requested_revision,  # the pre-target-pin keys, still read by older code
         "commit": commit,
         "pulled_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+    if target_commit is not None:
+        rec |= {"target_repo": target_repo, "target_revision": target_revision or "main",
+                "target_commit": target_commit}  # fmt: skip
+    elif old.get("target_commit") and old.get("target_repo") == target_repo:
+        rec |= {k: old[k] for k in ("target_repo", "target_revision", "target_commit") if k in old}
+    data[slug] = rec
+    _write_lock_data(data)
+
+
+_DRAFT_KEYS = ("draft_repo", "draft_revision", "draft_commit", "requested_revision", "commit")
+_TARGET_KEYS = ("target_repo", "target_revision", "target_commit")
+
+
+def drop_pins(repo_ids: list[str] | tuple[str, ...]) -> list[str]:
+    """Forget the pins of `repo_ids` (removed from the cache) in every entry; returns "slug (side)" labels.
+
+    An entry left with no pin at all is removed from the lock file. Nothing is written when nothing changes.
+    """
+    gone = {r.lower() for r in repo_ids}
+    data = read_lock()
+    dropped = []
+    for slug, rec in list(data.items()):
+        for side, keys in (("draft", _DRAFT_KEYS), ("target", _TARGET_KEYS)):
+            if str(rec.get(f"{side}_repo", "")).lower() in gone:
+                dropped.append(f"{slug} ({side})")
+                for key in keys:
+                    rec.pop(key, None)
+        if not (rec.get("commit") or rec.get("draft_commit") or rec.get("target_commit")):
+            data.pop(slug)
+    if dropped:
+        _write_lock_data(data)
+    return dropped
+
+
+def _write_lock_data(data: dict) -> None:
     path = lock_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".lock.", suffix=".tmp")

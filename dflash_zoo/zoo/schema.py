@@ -4,7 +4,7 @@
 `ConfigError` naming the source, the entry (slug, else `#index`) and the field: unknown, missing, wrongly
 typed, a bad status, a missing reason, or a fingerprint that contradicts itself (tap >= target layers,
 mask id outside the vocabulary, block size < 2). Draft facts are required keys whose value may be null,
-which means "unknown" (families.md "?"); they are never guessed.
+which means "unknown" (no public source gives the value); they are never guessed.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Launch commands for serving a DFlash pair with vLLM or SGLang (dflash-method.md §7); pure, no I/O.
+"""Launch commands for serving a DFlash pair with vLLM or SGLang (docs/method.md §7); pure, no I/O.
 
 - vLLM: `vllm serve <target> --speculative-config '{"method": "dflash", "model": <draft>,
   "num_speculative_tokens": B-1}' --attention-backend flash_attn` (the drafter needs non-causal attention).
@@ -22,7 +22,7 @@ from dflash_zoo.errors import InvalidArgumentError, ZooError
 
 ENGINES = ("vllm", "sglang")
 SGLANG_MODULE = "sglang.launch_server"
-# SGLang forces the drafter's context length to the target's and refuses unless this is set (method doc §7.1)
+# SGLang forces the drafter's context length to the target's and refuses unless this is set (docs/method.md §7)
 SGLANG_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
 
 

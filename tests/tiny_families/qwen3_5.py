@@ -1,4 +1,4 @@
-"""Qwen3.5 VLM: the qwen3_5_text tiny decoder plus a one-block vision tower (families.md §5)."""
+"""Qwen3.5 VLM: the qwen3_5_text tiny decoder plus a one-block vision tower (docs/families.md)."""
 
 from tests.tiny_families.qwen3_5_text import text_kwargs
 

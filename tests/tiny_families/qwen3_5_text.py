@@ -1,4 +1,4 @@
-"""Qwen3.5 text model: 3 Gated-DeltaNet layers then 1 full-attention layer (families.md §5)."""
+"""Qwen3.5 text model: 3 Gated-DeltaNet layers then 1 full-attention layer (docs/families.md)."""
 
 LAYER_TYPES = ["linear_attention"] * 3 + ["full_attention"]
 LINEAR = dict(

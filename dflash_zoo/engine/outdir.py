@@ -1,0 +1,208 @@
+"""Directories the tool writes: refuse what it did not write, replace by a swap, clean up its own leftovers.
+
+A directory is *ours* when every entry in it is a file name our writers produce and its `model.safetensors`
+carries our metadata tag (`OWNER_KEY`); a train output written before the tag existed is recognised by its
+`training_args.json`. Anything else is the user's and is replaced only with an explicit `overwrite`.
+
+New content goes into a hidden sibling `.NAME.tmp-XXXXXXXX` (normal permissions under the umask), is fsynced,
+then swapped in: NAME is renamed to `.NAME.old-XXXXXXXX`, the new directory renamed to NAME, and only then the
+old one removed. A kill at any point leaves NAME or its `.old-` sibling complete. `recover` (called before the
+next write) puts a lone `.old-` sibling back and removes the other leftovers, naming each.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import shutil
+from pathlib import Path
+
+from dflash_zoo.errors import InvalidArgumentError, ZooError
+
+log = logging.getLogger("dflash_zoo")
+
+OWNER_KEY = "written_by"
+OWNER = "dflash-zoo"
+# every file name our drafter / checkpoint writers produce; a directory holding anything else is not ours
+OUR_FILES = frozenset(
+    {"config.json", "model.safetensors", "training_args.json", "trainer_state.pt", "COMPLETE"}
+)
+
+
+class OutputError(ZooError):
+    """An output location cannot be written."""
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file's or a directory's entry to disk (directories: so that renames inside it persist)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(directory: Path) -> None:
+    """fsync every file directly in `directory`, then the directory itself."""
+    for f in directory.iterdir():
+        if f.is_file():
+            fsync_path(f)
+    fsync_path(directory)
+
+
+def umask() -> int:
+    """The process umask (read without changing it where /proc allows)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore (not thread-safe, hence the /proc path first)
+    os.umask(mask)
+    return mask
+
+
+def normal_mode(path: Path) -> None:
+    """Give a file the permissions `open()` would under the umask (some writers create private 0600 files)."""
+    os.chmod(path, 0o666 & ~umask())
+
+
+def new_temp_dir(out: Path, kind: str = "tmp") -> Path:
+    """A fresh hidden sibling `.NAME.<kind>-XXXXXXXX` of `out`, created with the umask's permissions."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(100):  # bounded: 32 random bits per try
+        tmp = out.parent / f".{out.name}.{kind}-{secrets.token_hex(4)}"
+        try:
+            tmp.mkdir()  # mode 0o777 & ~umask, unlike mkdtemp's private 0o700
+            return tmp
+        except FileExistsError:
+            continue
+    raise OutputError(f"cannot create a temporary directory next to {out}")
+
+
+def is_ours(directory: Path) -> bool:
+    """True when `directory` holds only files our writers produce and its weights carry our tag."""
+    try:
+        names = {p.name for p in directory.iterdir()}
+    except OSError:
+        return False
+    if not names <= OUR_FILES or "model.safetensors" not in names:
+        return False
+    if "training_args.json" in names:
+        return True
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(directory / "model.safetensors"), framework="pt") as f:
+            return (f.metadata() or {}).get(OWNER_KEY) == OWNER
+    except Exception:  # unreadable or truncated header: not something we can vouch for
+        return False
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_writable(path: Path, what: str) -> None:
+    """Raise `OutputError` unless a directory can be created at / inside `path` (probed, not guessed)."""
+    base = _nearest_existing(path)
+    if not base.is_dir():
+        raise OutputError(f"{what} {path}: {base} is not a directory", hint="choose another location")
+    probe = base / f".dflash-zoo-probe-{secrets.token_hex(4)}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as exc:
+        raise OutputError(
+            f"{what} {path} is not writable ({exc.strerror or exc})",
+            hint="choose a writable location, or fix the permissions / mount",
+        ) from exc
+
+
+def _protected(out: Path) -> str | None:
+    """Why `out` must never be replaced wholesale, or None."""
+    real, cwd = out.resolve(), Path.cwd().resolve()
+    if real == Path(real.anchor):
+        return "it is the filesystem root"
+    if real == Path.home().resolve():
+        return "it is your home directory"
+    if cwd == real or real in cwd.parents:
+        return "it holds the current directory"
+    return None
+
+
+def check_output(out: Path, overwrite: bool = False, flag: str = "--overwrite") -> None:
+    """Refuse an `out` that cannot be replaced safely; run before any work that would be lost."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise InvalidArgumentError(f"{out} exists and is not a directory", hint="choose another output path")
+    check_writable(out.parent if out.exists() else out, "output directory")
+    if not out.exists():
+        return
+    check_writable(out, "output directory")  # a read-only mount (or, for non-root, a 0555 dir) cannot be swapped
+    if not any(out.iterdir()):
+        return
+    why = _protected(out)
+    if why:
+        raise InvalidArgumentError(f"refusing to replace {out}: {why}", hint="choose a new output directory")
+    if not overwrite and not is_ours(out):
+        raise InvalidArgumentError(
+            f"{out} is not empty and was not written by dflash-zoo",
+            hint=f"choose a new output directory, or pass {flag} to replace it (its contents are deleted)",
+        )
+
+
+def swap_in(tmp: Path, out: Path) -> None:
+    """Replace `out` by the complete directory `tmp`: at every instant `out` or its `.old-` sibling is whole."""
+    parent = out.parent
+    if out.is_dir() and not any(out.iterdir()):
+        os.rename(tmp, out)  # POSIX rename replaces an empty directory atomically
+    elif out.exists():
+        old = parent / f".{out.name}.old-{secrets.token_hex(4)}"
+        os.rename(out, old)
+        os.rename(tmp, out)
+        fsync_path(parent)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, out)
+    fsync_path(parent)
+
+
+def _leftovers(out: Path) -> list[Path]:
+    """Our temporary siblings of `out` (`.NAME.tmp-*`, `.NAME.old-*`, and mkdtemp's `.NAME.XXXXXXXX`)."""
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:tmp-|old-)?[a-z0-9_]{{8}}")
+    try:
+        entries = list(out.parent.iterdir())
+    except OSError:
+        return []
+    return sorted(p for p in entries if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
+
+
+def _only_our_files(directory: Path) -> bool:
+    try:
+        return all(p.name in OUR_FILES and p.is_file() for p in directory.iterdir())
+    except OSError:
+        return False
+
+
+def recover(out: Path) -> list[str]:
+    """Put back an output an interrupted swap left aside, remove our other leftovers; returns what was done."""
+    done: list[str] = []
+    for p in _leftovers(out):
+        if not _only_our_files(p):
+            log.warning("leaving %s alone: it holds files dflash-zoo does not write", p)
+            continue
+        if ".old-" in p.name and not out.exists() and is_ours(p):
+            os.rename(p, out)
+            done.append(f"restored {out} from {p.name} (an interrupted save had moved it aside)")
+        else:
+            shutil.rmtree(p)
+            done.append(f"removed {p} (left by an interrupted save)")
+    for line in done:
+        log.warning("%s", line)
+    return done

@@ -1,0 +1,238 @@
+"""One engine interface: which engine runs (and why), streaming, sampling and the full-block drafting rule.
+
+The full-block rule is checked against `reference_dflash` (tests/oracles.py): the upstream loop without any
+cache, which drafts and verifies the whole block every step and truncates the output at the end. Both engines
+must equal it wherever a whole block still fits, and in the tail verify a prefix of its proposals and commit
+`min(reference, room)` tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash_zoo import demo
+from dflash_zoo.adapters import get_adapter
+from dflash_zoo.api import Pipeline, load
+from dflash_zoo.cuda.fast import FastEngine
+from dflash_zoo.engine.decode import EagerEngine
+from dflash_zoo.engine.results import GenerationConfig
+from dflash_zoo.engine.select import EngineOptions, choose_engine
+from tests.oracles import reference_dflash
+from tests.static_matrix import STATIC_MODEL_TYPES, static_pair
+from tests.test_sampling import N_RUNS, PROMPT, SETTINGS, V, chi_square_pvalue, exact_distribution
+from tests.tiny import VOCAB, tiny_drafter, tiny_target
+
+MASK = VOCAB - 1
+
+
+# ---- which engine, and why ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "device, options, split, images, expected",
+    [
+        ("cuda", EngineOptions(), False, False, "fast"),
+        ("cuda:1", EngineOptions(compile=True), False, False, "fast"),
+        ("cpu", EngineOptions(), False, False, "eager"),  # auto: the static engine is for CUDA
+        ("cpu", EngineOptions(fast=True), False, False, "fast"),  # asked for: static buffers, no graphs
+        ("cuda", EngineOptions(fast=False), False, False, "eager"),
+        ("cuda", EngineOptions(), True, False, "eager"),  # split target
+        ("cuda", EngineOptions(fast=True), False, True, "eager"),  # image prefill inputs
+    ],
+)
+def test_engine_choice_for_a_supported_family(device, options, split, images, expected):
+    adapter = get_adapter("qwen3")(tiny_target("qwen3"))
+    choice = choose_engine(adapter, device, options, split=split, prefill_inputs=images)
+    assert choice.name == expected
+    assert choice.reason  # always says why
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "gemma4_text", "gpt_oss"])
+def test_engine_choice_for_a_family_without_a_static_layout(model_type):
+    adapter = get_adapter(model_type)(tiny_target(model_type))
+    for options in (EngineOptions(), EngineOptions(fast=True)):
+        choice = choose_engine(adapter, "cuda", options)
+        assert choice.name == "eager" and "fast engine unavailable" in choice.reason
+
+
+def _pipe(options: EngineOptions, seed: int = 0) -> Pipeline:
+    from tests.tiny import tiny_tokenizer
+
+    target = tiny_target("qwen3", seed=seed)
+    drafter = tiny_drafter(target, seed=1)
+    return Pipeline(target, drafter, tiny_tokenizer(), mask_token_id=MASK, options=options)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_every_entry_point_goes_through_the_chosen_engine(fast):
+    """generate, stream, chat, the autoregressive baseline and sampling all run on the chosen engine."""
+    pipe = _pipe(EngineOptions(fast=fast))
+    expected = "fast" if fast else "eager"
+    calls = [
+        lambda: pipe.generate("hello", raw=True, max_new_tokens=6),
+        lambda: list(pipe.stream("hello", raw=True, max_new_tokens=6)),
+        lambda: pipe.chat([{"role": "user", "content": "hi"}], max_new_tokens=6),
+        lambda: pipe.generate_autoregressive("hello", raw=True, max_new_tokens=6),
+        lambda: pipe.generate("hello", raw=True, max_new_tokens=6, temperature=0.9, top_p=0.9, seed=1),
+    ]
+    for call in calls:
+        pipe.last_choice = None
+        call()
+        assert pipe.last_choice is not None and pipe.last_choice.name == expected
+
+
+def test_load_takes_the_engine_options():
+    pipe = load(fast=True, compile=False)  # the embedded demo pair, on CPU
+    assert pipe.options == EngineOptions(fast=True, compile=False)
+    pipe.generate("def f(x):", raw=True, max_new_tokens=4)
+    assert pipe.last_choice.name == "fast"
+
+
+def test_both_engines_give_the_same_tokens_and_steps_through_the_pipeline():
+    eager, fast = _pipe(EngineOptions(fast=False)), _pipe(EngineOptions(fast=True))
+    a = eager.generate("hello world", raw=True, max_new_tokens=21)
+    b = fast.generate("hello world", raw=True, max_new_tokens=21)
+    assert a.output_ids == b.output_ids and a.steps == b.steps and a.text == b.text
+
+
+# ---- streaming --------------------------------------------------------------------------------------------
+def test_the_fast_engine_streams_each_steps_tokens():
+    adapter, drafter = static_pair("qwen3")
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    cfg = GenerationConfig(max_new_tokens=30)
+    pieces: list[list[int]] = []
+    res = eng.speculative(list(range(3, 13)), cfg, on_tokens=pieces.append)
+    assert [t for p in pieces for t in p] == res.output_ids
+    assert len(pieces) == len(res.steps) + 1  # the prefill's token, then one call per verify step
+    assert [len(p) for p in pieces[1:]] == res.acceptance_lengths
+
+
+def test_stream_on_the_fast_engine_equals_generate():
+    pipe = _pipe(EngineOptions(fast=True))
+    pieces = list(pipe.stream("hello world", raw=True, max_new_tokens=16))
+    assert pipe.last_choice.name == "fast"
+    assert "".join(pieces) == pipe.generate("hello world", raw=True, max_new_tokens=16).text
+
+
+def test_stopping_early_still_ends_the_timings():
+    """A consumer that stops iterating (Ctrl-C in chat) gets a result with its decode time and reason."""
+    pipe = _pipe(EngineOptions(fast=True))
+    gen = pipe.generation("hello world", raw=True, max_new_tokens=40)
+    for i, _ in enumerate(gen):
+        if i == 2:
+            break
+    res = gen.result
+    assert res.stop_reason == "interrupted" and res.decode_seconds > 0 and len(res.output_ids) > 1
+
+
+# ---- the full-block drafting rule -------------------------------------------------------------------------
+def _engines(adapter, drafter, mask):
+    return {
+        "eager": EagerEngine(adapter, drafter, mask),
+        "fast": FastEngine(adapter, drafter, mask, max_len=256, graphs=False),
+    }
+
+
+def _assert_full_block_rule(res, ref_out, ref_steps, block: int, max_new: int) -> None:
+    assert res.output_ids == ref_out
+    assert len(res.steps) == len(ref_steps)
+    done = 1  # the prefill's token
+    for step, (proposed, accepted) in zip(res.steps, ref_steps, strict=True):
+        room = max_new - done
+        if room >= block:  # a whole block fits: exactly the reference's step
+            assert step.proposed == proposed
+            assert step.accepted == accepted and step.acceptance_length == accepted + 1
+        else:  # the tail: a prefix of the full-block proposals, and what can still be committed
+            assert step.proposed == proposed[: room - 1]
+            assert step.acceptance_length == min(accepted + 1, room)
+        done += step.acceptance_length
+    assert done == len(ref_out)
+
+
+@pytest.mark.parametrize("model_type", STATIC_MODEL_TYPES)
+@pytest.mark.parametrize("max_new", [19, 24])
+def test_full_block_rule_on_tiny_pairs(model_type, max_new):
+    adapter, drafter = static_pair(model_type)
+    prompt = list(range(3, 15))
+    block = drafter.cfg.block_size
+    ref_out, ref_steps = reference_dflash(adapter, drafter, prompt, max_new, MASK)
+    for name, eng in _engines(adapter, drafter, MASK).items():
+        res = eng.speculative(prompt, GenerationConfig(max_new_tokens=max_new))
+        _assert_full_block_rule(res, ref_out, ref_steps, block, max_new)
+
+
+@pytest.fixture(scope="module")
+def demo_pair():
+    pipe = load(demo.target_dir(), demo.draft_dir(), device="cpu", dtype="fp32")
+    prompt = pipe.encode("import os\n\n\ndef walk(top):\n    for root, dirs, files in os.walk(top):\n", raw=True)
+    return pipe, prompt
+
+
+@pytest.mark.parametrize("max_new", [37, 40])
+def test_full_block_rule_on_the_trained_demo_pair(demo_pair, max_new):
+    """A trained drafter gets long accepts, so the tail cuts real acceptance (not only 1-token steps)."""
+    pipe, prompt = demo_pair
+    block = pipe.drafter.cfg.block_size
+    ref_out, ref_steps = reference_dflash(pipe.adapter, pipe.drafter, prompt, max_new, pipe.mask_token_id)
+    assert sum(a + 1 for _, a in ref_steps) / len(ref_steps) > 2, "the demo drafter should get drafts accepted"
+    for eng in _engines(pipe.adapter, pipe.drafter, pipe.mask_token_id).values():
+        res = eng.speculative(prompt, GenerationConfig(max_new_tokens=max_new, stop_token_ids=()))
+        _assert_full_block_rule(res, ref_out, ref_steps, block, max_new)
+
+
+# ---- sampling on the static engine ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sampling_engine():
+    target = tiny_target("qwen3", seed=3, lm_scale=1.0, vocab_size=V)
+    drafter = tiny_drafter(target, seed=4, block_size=4)
+    return target, FastEngine(get_adapter("qwen3")(target), drafter, V - 1, max_len=32, graphs=False)
+
+
+def _static_runs(eng, n_runs: int, override=None) -> tuple[dict, int]:
+    counts, accepted = {}, 0
+    for seed in range(n_runs):
+        cfg = GenerationConfig(max_new_tokens=4, seed=seed, **SETTINGS)
+        res = eng.speculative(PROMPT, cfg, accept_override=override)
+        key = tuple(res.output_ids[1:])  # marginal over the prefill token, as in tests/test_sampling.py
+        counts[key] = counts.get(key, 0) + 1
+        accepted += sum(s.accepted for s in res.steps)
+    return counts, accepted
+
+
+def test_static_engine_sampling_matches_the_target_distribution(sampling_engine):
+    target, eng = sampling_engine
+    counts, accepted = _static_runs(eng, N_RUNS)
+    assert accepted > N_RUNS // 4, "drafts must get accepted for the test to exercise the rule"
+    assert chi_square_pvalue(counts, exact_distribution(target), N_RUNS) > 1e-3
+
+
+def test_static_engine_with_a_broken_rule_fails_the_same_test(sampling_engine):
+    target, eng = sampling_engine
+    counts, _ = _static_runs(eng, N_RUNS, override=lambda step, k: k)  # accept every draft
+    assert chi_square_pvalue(counts, exact_distribution(target), N_RUNS) < 1e-3
+
+
+def test_static_engine_sampling_is_reproducible_per_seed():
+    adapter, drafter = static_pair("qwen3", lm_scale=1.0)
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    cfg = GenerationConfig(max_new_tokens=20, temperature=1.0, top_p=0.95, top_k=50)
+    runs = [eng.speculative(list(range(3, 13)), GenerationConfig(**{**vars(cfg), "seed": s})) for s in (5, 5, 6)]
+    assert runs[0].output_ids == runs[1].output_ids and runs[0].steps == runs[1].steps
+    assert runs[0].output_ids != runs[2].output_ids
+
+
+def test_sampling_without_a_seed_leaves_the_global_rng_alone():
+    pipe = _pipe(EngineOptions(fast=False))
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    pipe.generate("hello", raw=True, max_new_tokens=8, temperature=1.0)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_an_empty_stop_list_turns_the_default_stops_off():
+    pipe = _pipe(EngineOptions(fast=False))
+    first = pipe.generate("hello", raw=True, max_new_tokens=12, stop_token_ids=[]).output_ids
+    i = next(i for i in range(1, len(first)) if first[i] not in first[:i])  # a token's first appearance
+    pipe.stop_token_ids = (first[i],)
+    assert pipe.generate("hello", raw=True, max_new_tokens=12).output_ids == first[: i + 1]
+    assert pipe.generate("hello", raw=True, max_new_tokens=12, stop_token_ids=[]).output_ids == first

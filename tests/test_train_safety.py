@@ -1,0 +1,296 @@
+"""`train` / `eval` never lose a user's files or finished work: output and checkpoint handling, early checks.
+
+Every case runs the CLI as a user would (in-process through `dflash_zoo.cli.main`, or a subprocess where
+directories must be read-only or the process killed) on a tiny local target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from dflash_zoo.cli import main
+from dflash_zoo.engine.checkpoint import load_drafter
+from dflash_zoo.training import checkpoints
+from tests.readonly import cli, run_readonly
+from tests.tiny import save_tiny_pair, tiny_tokenizer
+
+TINY = ["--draft-layers", "1", "--block-size", "4", "--batch-size", "2", "--anchors-per-seq", "8",
+        "--device", "cpu", "--seed", "0"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Path:
+    return save_tiny_pair(tmp_path_factory.mktemp("pair"))[0]
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    rng = random.Random(0)
+    f = tmp_path / "data.jsonl"
+    rows = [{"prompt": "".join(rng.choice("abcdefgh ") for _ in range(10)),
+             "response": "".join(rng.choice("abcdefgh ") for _ in range(24))} for _ in range(6)]  # fmt: skip
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return f
+
+
+@pytest.fixture(autouse=True)
+def _warnings_shown(monkeypatch):
+    monkeypatch.setenv("DFLASH_ZOO_VERBOSITY", "WARNING")  # what a user sees by default
+    monkeypatch.setenv("COLUMNS", "400")  # long temporary paths stay on one line
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `dflash-zoo ARGS`."""
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def train(capsys, target, data, out, *extra, steps: int = 1):
+    return run(capsys, "train", "--target", target, "--data", data, "--out", out, "--steps", steps, *TINY, *extra)
+
+
+# --- --out never deletes what the tool did not write ------------------------------------------------
+
+
+def test_out_with_foreign_files_is_refused_before_any_model_loads(capsys, tmp_path, data):
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "precious.txt").write_text("x")
+    # a target that does not exist: the refusal must come first, before anything is loaded
+    code, _, err = train(capsys, tmp_path / "no-target", data, out)
+    assert code == 2, err
+    assert f"{out} is not empty and was not written by dflash-zoo" in err and "--overwrite" in err
+    assert (out / "precious.txt").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "data.jsonl"]  # no checkpoint, no temp dir
+
+
+def test_overwrite_replaces_a_foreign_directory(capsys, tmp_path, target, data):
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "precious.txt").write_text("x")
+    code, _, err = train(capsys, target, data, out, "--overwrite")
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "training_args.json"]
+    load_drafter(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "data.jsonl"]
+
+
+def test_current_directory_is_never_replaced(capsys, tmp_path, target, data, monkeypatch):
+    (tmp_path / "precious.txt").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = train(capsys, target, data, ".", "--overwrite")
+    assert code == 2 and "it holds the current directory" in err, err
+    assert (tmp_path / "precious.txt").read_text() == "x"
+
+
+def test_own_output_is_replaced_and_empty_dir_used(capsys, tmp_path, target, data):
+    out = tmp_path / "d"
+    out.mkdir()  # an empty directory is fine
+    assert train(capsys, target, data, out)[0] == 0
+    first = (out / "model.safetensors").read_bytes()
+    code, _, err = train(capsys, target, data, out, steps=2)  # our own output: no --overwrite needed
+    assert code == 0, err
+    assert (out / "model.safetensors").read_bytes() != first
+    assert json.loads((out / "training_args.json").read_text())["steps_done"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "data.jsonl"]
+
+
+def test_leftovers_of_an_interrupted_swap_are_recovered_and_named(capsys, tmp_path, target, data):
+    out = tmp_path / "d"
+    assert train(capsys, target, data, out)[0] == 0
+    # the state a kill between "rename old aside" and "rename new in" leaves, plus an older temp dir
+    os.rename(out, tmp_path / ".d.old-0a1b2c3d")
+    half = tmp_path / ".d.tmp-4e5f6a7b"
+    half.mkdir()
+    (half / "config.json").write_text("{")
+    legacy = tmp_path / ".d.x1y2z3w4"  # the mkdtemp name of earlier versions
+    legacy.mkdir()
+    (legacy / "model.safetensors").write_bytes(b"")
+    foreign = tmp_path / ".d.tmp-99999999"  # the same pattern, but a user's file inside: left alone
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    code, _, err = train(capsys, target, data, out)
+    assert code == 0, err
+    err = " ".join(err.split())
+    assert "restored" in err and ".d.old-0a1b2c3d" in err
+    assert f"removed {half}" in err and f"removed {legacy}" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".d.tmp-99999999", "d", "data.jsonl"]
+    assert (foreign / "notes.txt").read_text() == "mine"
+    load_drafter(out)
+
+
+# --- early checks: every input and output before any model is loaded ---------------------------------
+
+
+def test_missing_or_bad_data_is_reported_before_the_target_loads(capsys, tmp_path):
+    ghost = tmp_path / "no-target"  # never reached: the data error comes first
+    code, _, err = train(capsys, ghost, tmp_path / "missing.jsonl", tmp_path / "d")
+    assert code == 2 and "no such data file" in err and "missing.jsonl" in err, err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
+    code, _, err = train(capsys, ghost, bad, tmp_path / "d")
+    assert code == 2 and f"{bad}:2: not valid UTF-8" in err, err
+    code, _, err = run(capsys, "eval", "-t", ghost, "-d", ghost, "--data", bad)
+    assert code == 2 and f"{bad}:2: not valid UTF-8" in err, err
+    code, _, err = run(capsys, "eval", "-t", ghost, "-d", ghost, "--data", tmp_path / "missing.jsonl")
+    assert code == 2 and "no such data file" in err, err
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("where", ["parent", "out", "checkpoint"])
+def test_unwritable_locations_fail_before_training(tmp_path, target, data, where):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    out = ro / "d" if where == "parent" else tmp_path / "d"
+    if where == "out":
+        ro, out = out, out
+        out.mkdir()
+    if where == "checkpoint":
+        ro = tmp_path / "d-checkpoint"
+        ro.mkdir()
+    argv = cli("train", "--target", str(target), "--data", str(data), "--out", str(out), "--steps", "2",
+               "--save-every", "1", *TINY)  # fmt: skip
+    done = run_readonly(argv, [ro], env={**os.environ, "DFLASH_ZOO_VERBOSITY": "WARNING"}, timeout=300)
+    assert done.returncode == 1, done.stderr
+    what = "checkpoint directory" if where == "checkpoint" else "output directory"
+    assert f"{what} " in done.stderr and "is not writable" in done.stderr
+    assert "step 1/" not in done.stderr  # nothing was trained
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted({"data.jsonl", "ro", ro.name}), left  # no checkpoint sibling, no temp dirs
+
+
+def test_target_layer_ids_outside_the_target_is_a_usage_error(capsys, tmp_path, target, data):
+    code, _, err = train(capsys, target, data, tmp_path / "d", "--target-layer-ids", "1,99")
+    assert code == 2, err
+    assert "--target-layer-ids 99 outside the target's layers 0..3" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl"]
+
+
+def test_declared_mask_token_is_used(capsys, tmp_path, target, data):
+    t = tmp_path / "target"
+    shutil.copytree(target, t)
+    tok = tiny_tokenizer()
+    tok.add_special_tokens({"mask_token": "<mask>"})
+    tok.save_pretrained(t)
+    code, _, err = train(capsys, t, data, tmp_path / "d")
+    assert code == 0, err
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert cfg["dflash_config"]["mask_token_id"] == tok.mask_token_id == 100  # not the last row (255)
+
+
+# --- checkpoints --------------------------------------------------------------------------------------
+
+
+def test_checkpoints_are_announced_and_removed_on_success(capsys, tmp_path, target, data):
+    code, _, err = train(capsys, target, data, tmp_path / "d", "--save-every", "1", steps=2)
+    assert code == 0, err
+    assert f"checkpoints: {tmp_path / 'd-checkpoint'}" in " ".join(err.split())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "data.jsonl"]
+
+
+def test_outputs_have_normal_permissions(capsys, tmp_path, target, data):
+    old = os.umask(0o022)
+    try:
+        code, _, err = train(capsys, target, data, tmp_path / "d", "--keep-checkpoints")
+    finally:
+        os.umask(old)
+    assert code == 0, err
+    (step,) = (tmp_path / "d-checkpoint").iterdir()
+    for d in (tmp_path / "d", tmp_path / "d-checkpoint", step):
+        assert d.stat().st_mode & 0o777 == 0o755, d
+        for f in d.iterdir():
+            if f.is_file():
+                assert f.stat().st_mode & 0o777 == 0o644, f
+
+
+def test_resume_of_a_finished_run_prints_json(capsys, tmp_path, target, data):
+    out = tmp_path / "d"
+    assert train(capsys, target, data, out, "--keep-checkpoints", steps=2)[0] == 0
+    code, stdout, err = train(capsys, target, data, out, "--resume", "--json", "--keep-checkpoints", steps=2)
+    assert code == 0, err
+    res = json.loads(stdout)  # NaN would not parse
+    assert res["steps"] == 2 and res["loss"] is None and res["tau"] is None
+    # without --keep-checkpoints the finished run's checkpoint goes; a later --resume says so before loading
+    assert train(capsys, target, data, out, "--resume", steps=2)[0] == 0
+    code, _, err = train(capsys, tmp_path / "no-target", data, out, "--resume")
+    assert code == 1 and "nothing to resume" in err and "--keep-checkpoints" in err, err
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated"])
+def test_damaged_trainer_state_is_named(capsys, tmp_path, target, data, damage):
+    out = tmp_path / "d"
+    assert train(capsys, target, data, out, "--keep-checkpoints")[0] == 0
+    state = tmp_path / "d-checkpoint" / "step-00000001" / checkpoints.STATE_FILE
+    state.write_bytes(b"" if damage == "empty" else state.read_bytes()[: state.stat().st_size // 2])
+    code, _, err = train(capsys, target, data, out, "--resume")
+    assert code == 1, err  # not 130 ("interrupted")
+    assert f"cannot read trainer state {state}" in " ".join(err.split())
+
+
+def test_resume_skips_incomplete_checkpoints_and_names_them(capsys, tmp_path, target, data):
+    out, root = tmp_path / "d", tmp_path / "d-checkpoint"
+    assert train(capsys, target, data, out, "--keep-checkpoints", steps=2)[0] == 0
+    good = root / "step-00000002"
+    newer = root / "step-00000003"  # what a user copy or a foreign tool might leave: no COMPLETE marker
+    shutil.copytree(good, newer)
+    (newer / checkpoints.DONE_FILE).unlink()
+    partial = root / ".step-00000004.tmp-0123abcd"  # a save killed halfway
+    partial.mkdir()
+    (partial / "config.json").write_text("{")
+    code, stdout, err = train(capsys, target, data, out, "--resume", "--json", "--keep-checkpoints", steps=3)
+    assert code == 0, err
+    err = " ".join(err.split())
+    assert f"skipping incomplete checkpoint {newer}" in err and f"skipping incomplete checkpoint {partial}" in err
+    assert json.loads(stdout)["steps"] == 3
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000003"]  # the new one replaced all of them
+    assert (root / "step-00000003" / checkpoints.DONE_FILE).is_file()
+
+
+@pytest.mark.slow
+def test_random_kills_always_leave_a_usable_checkpoint(tmp_path, target, data):
+    """SIGKILL a real training process at random points (6 times, `--save-every 1`): `--resume` always works."""
+    out, root = tmp_path / "d", tmp_path / "d-checkpoint"
+    rng, last = random.Random(1234), 0
+    env = {**os.environ, "DFLASH_ZOO_VERBOSITY": "WARNING"}
+    base = ["train", "--target", str(target), "--data", str(data), "--out", str(out), "--save-every", "1", *TINY]
+    for _ in range(6):
+        resume = ["--resume"] if checkpoints.find(root)[0] is not None else []
+        proc = subprocess.Popen(cli(*base, "--steps", "100000", *resume), env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            for _ in range(6000):  # up to ~5 min for the first new checkpoint of this run
+                found = checkpoints.find(root)[0]
+                if (found is not None and int(found.name.split("-")[1]) > last) or proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0.0, 0.5))
+            assert proc.poll() is None, "training ended before the kill: nothing was tested"
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=60)
+        found = checkpoints.find(root)[0]
+        assert found is not None and found.parent == root
+        step = int(checkpoints.load_state(found)["step"])
+        assert step >= max(last, 1)  # never behind the last complete checkpoint
+        load_drafter(found)
+        last = step
+    done = subprocess.run(cli(*base, "--steps", str(last + 2), "--resume", "--json"), env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["steps"] == last + 2
+    load_drafter(out)
+    assert not root.exists()
