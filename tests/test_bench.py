@@ -132,7 +132,7 @@ def test_bench_split_target_runs_eager_and_records_the_placement(tmp_path, monke
     monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     args = ["bench", "--devices", "cpu,cpu", "--prompt-tokens", "8", "--new-tokens", "8", "--warmup", "0",
-            "--repeats", "1", "--json"]  # fmt: skip
+            "--repeats", "1", "--limit", "2", "--json"]  # fmt: skip
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     rec = json.loads(next((tmp_path / "bench").glob("*.json")).read_text())
@@ -237,6 +237,8 @@ def test_held_out_set_reads_the_listed_stdlib_files(tmp_path):
 @needs_demo
 def test_bench_prompts_file_takes_evals_line_formats(tmp_path):
     """--prompts FILE.jsonl: text, prompt and messages lines, as `eval --data` reads them."""
+    from dflash_zoo.training.data import DataError
+
     data = tmp_path / "p.jsonl"
     lines = [{"text": "import os\n\ndef walk(path):\n    for name in os.listdir(path):\n"},
              {"prompt": "def add(a, b):"}, {"messages": [{"role": "user", "content": "class Stack:"}]}]  # fmt: skip
@@ -248,7 +250,8 @@ def test_bench_prompts_file_takes_evals_line_formats(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\n{"nope": 1}\n')
     _, result = _bench(tmp_path / "b", "--prompts", str(bad))
-    assert result.exit_code == 2 and f"{bad}:2" in result.output and "building" not in result.output
+    assert isinstance(result.exception, DataError) and f"{bad}:2" in str(result.exception)
+    assert "building" not in result.output  # read before any model is loaded
     _, result = _bench(tmp_path / "c", "--shape", "tiny-qwen3", "--prompts", str(data))
     assert result.exit_code == 2 and "--prompts" in result.output
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
 import pytest
 from click.testing import CliRunner
 
-from dflash_zoo.cli import cli
+from dflash_zoo.cli import cli, main
 from tests.oracles import greedy_reference
 from tests.tiny import save_tiny_pair
 
@@ -19,8 +20,16 @@ def pair_dirs(tmp_path_factory):
     return save_tiny_pair(tmp_path_factory.mktemp("pair"))
 
 
-def _run(*args):
-    return CliRunner().invoke(cli, ["generate", *args], env={"COLUMNS": "120"})
+def _run(*args, **env):
+    return CliRunner().invoke(cli, ["generate", *args], env={"COLUMNS": "120", **env})
+
+
+def _main(capsys, *args) -> tuple[int, str, str]:
+    """`dflash-zoo generate ARGS` through `cli.main`, which maps errors to one line and an exit code."""
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", *args])
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
 
 
 def test_json_schema_and_lossless_output(pair_dirs):
@@ -51,7 +60,7 @@ def test_compile_off_the_gpu_fast_path_is_a_hint_not_an_error(pair_dirs):
     target, draft = pair_dirs
     res = _run("hi", "-t", str(target), "-d", str(draft), "-n", "4", "--device", "cpu", "--compile")
     assert res.exit_code == 0, res.output
-    assert "--compile applies to the single-GPU fast path only" in res.stderr
+    assert "--compile applies to the single-GPU fast engine only" in res.stderr
 
 
 def test_streams_text_to_stdout_and_stats_to_stderr(pair_dirs):
@@ -112,7 +121,35 @@ def test_unknown_path_is_one_line(tmp_path, pair_dirs):
         timeout=300,
     )
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.startswith("error: ") and "nope" in proc.stderr
+    assert proc.stderr.startswith(f"error: no such directory: {tmp_path / 'nope'}")
+
+
+@pytest.fixture(scope="module")
+def short_target(pair_dirs, tmp_path_factory):
+    """The tiny target with 48 positions (its tokenizer is one token per character)."""
+    target = tmp_path_factory.mktemp("short") / "target"
+    shutil.copytree(pair_dirs[0], target)
+    cfg = json.loads((target / "config.json").read_text())
+    cfg["max_position_embeddings"] = 48
+    (target / "config.json").write_text(json.dumps(cfg))
+    return target
+
+
+def test_prompt_longer_than_the_target_positions_is_refused(capsys, short_target, pair_dirs):
+    code, out, err = _main(capsys, "y" * 60, "-t", str(short_target), "-d", str(pair_dirs[1]), "--raw",
+                           "--device", "cpu")  # fmt: skip
+    assert code == 2 and out == ""
+    assert err.startswith("error: the prompt is 60 tokens; the target holds 48 positions\nhint: shorten")
+
+
+def test_new_tokens_past_the_target_positions_are_capped_with_a_warning(short_target, pair_dirs):
+    args = ("y" * 40, "-t", str(short_target), "-d", str(pair_dirs[1]), "--raw", "-n", "30", "--json")
+    res = _run(*args, "--device", "cpu", DFLASH_ZOO_VERBOSITY="WARNING")  # the tests' default is ERROR
+    assert res.exit_code == 0, res.output
+    assert "max_new_tokens 30 capped to 8: the prompt's 40 tokens leave 8 of the target's 48 positions" in " ".join(
+        res.stderr.split()
+    )
+    assert 1 <= len(json.loads(res.stdout)["output_ids"]) <= 8
 
 
 def test_chat_session_commands_and_turns(pair_dirs):

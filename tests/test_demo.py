@@ -75,3 +75,36 @@ def test_a_drafter_alone_pairs_with_the_demo_target(tmp_path):
     pipe = load(draft=other, device="cpu", dtype="fp32")
     assert pipe.drafter is other
     assert pipe.model.config.model_type == "qwen3" and pipe.tokenizer is not None
+
+
+def test_env_prints_the_demo_pair_directories():
+    """`train --target` needs the demo target's folder: `env` names it (and the drafter's), torch-free."""
+    from click.testing import CliRunner
+
+    from dflash_zoo.cli import cli
+
+    result = CliRunner().invoke(cli, ["env", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    if demo.available():
+        assert report["demo_target"] == str(demo.target_dir()) and report["demo_draft"] == str(demo.draft_dir())
+        assert (Path(report["demo_target"]) / "config.json").is_file()
+        assert f"- demo_target: {demo.target_dir()}" in CliRunner().invoke(cli, ["env"]).stdout
+    else:
+        assert report["demo_target"] is None
+
+
+@needs_demo
+def test_revision_for_a_local_pair_is_not_silently_ignored():
+    """--revision / --draft-revision name Hub revisions; for local folders the CLI says they are unused."""
+    from click.testing import CliRunner
+
+    from dflash_zoo.cli import cli
+
+    args = ["generate", "def f(x):", "--raw", "-n", "2", "--device", "cpu", "--revision", "v1",
+            "--draft", str(demo.draft_dir()), "--draft-revision", "abc"]  # fmt: skip
+    result = CliRunner().invoke(cli, args, env={"DFLASH_ZOO_VERBOSITY": "WARNING", "COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    err = " ".join(result.stderr.split())
+    assert f"target revision 'v1' ignored: {demo.target_dir()} is a local directory" in err
+    assert f"drafter revision 'abc' ignored: {demo.draft_dir()} is a local directory" in err

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from dflash_zoo.adapters import get_adapter
 
 from dflash_zoo import demo
-from dflash_zoo.adapters import get_adapter
 from dflash_zoo.api import Pipeline, load
 from dflash_zoo.cuda.fast import FastEngine
 from dflash_zoo.engine.decode import EagerEngine
@@ -24,6 +24,7 @@ from tests.test_sampling import N_RUNS, PROMPT, SETTINGS, V, chi_square_pvalue, 
 from tests.tiny import VOCAB, tiny_drafter, tiny_target
 
 MASK = VOCAB - 1
+GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
 # ---- which engine, and why ------------------------------------------------------------------------------
@@ -155,7 +156,7 @@ def test_full_block_rule_on_tiny_pairs(model_type, max_new):
     prompt = list(range(3, 15))
     block = drafter.cfg.block_size
     ref_out, ref_steps = reference_dflash(adapter, drafter, prompt, max_new, MASK)
-    for name, eng in _engines(adapter, drafter, MASK).items():
+    for eng in _engines(adapter, drafter, MASK).values():
         res = eng.speculative(prompt, GenerationConfig(max_new_tokens=max_new))
         _assert_full_block_rule(res, ref_out, ref_steps, block, max_new)
 
@@ -236,3 +237,40 @@ def test_an_empty_stop_list_turns_the_default_stops_off():
     pipe.stop_token_ids = (first[i],)
     assert pipe.generate("hello", raw=True, max_new_tokens=12).output_ids == first[: i + 1]
     assert pipe.generate("hello", raw=True, max_new_tokens=12, stop_token_ids=[]).output_ids == first
+
+
+# ---- the same on a GPU, with CUDA graphs ----------------------------------------------------------------
+@GPU[0]
+@GPU[1]
+def test_graphed_sampling_is_reproducible_per_seed_on_gpu():
+    """The first generation captures the graphs: it must draw the same numbers as every later one."""
+    adapter, drafter = static_pair("qwen3", device="cuda", lm_scale=1.0)
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=True)
+    prompt = list(range(3, 13))
+    runs = [
+        eng.speculative(prompt, GenerationConfig(max_new_tokens=24, temperature=1.0, top_p=0.95, seed=s))
+        for s in (5, 5, 6)
+    ]
+    assert runs[0].output_ids == runs[1].output_ids and runs[0].steps == runs[1].steps
+    assert runs[0].output_ids != runs[2].output_ids
+
+
+@GPU[0]
+@GPU[1]
+def test_graphed_sampling_matches_the_target_distribution_on_gpu():
+    target = tiny_target("qwen3", seed=3, lm_scale=1.0, vocab_size=V).cuda()
+    drafter = tiny_drafter(target, seed=4, block_size=4).cuda()
+    eng = FastEngine(get_adapter("qwen3")(target), drafter, V - 1, max_len=32, graphs=True)
+    counts, accepted = _static_runs(eng, N_RUNS)
+    assert accepted > N_RUNS // 4
+    assert chi_square_pvalue(counts, exact_distribution(target.cpu()), N_RUNS) > 1e-3
+
+
+@GPU[0]
+@GPU[1]
+def test_graphed_streaming_equals_the_result_on_gpu():
+    adapter, drafter = static_pair("qwen3", device="cuda")
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=True)
+    pieces: list[list[int]] = []
+    res = eng.speculative(list(range(3, 13)), GenerationConfig(max_new_tokens=30), on_tokens=pieces.append)
+    assert [t for p in pieces for t in p] == res.output_ids and len(pieces) == len(res.steps) + 1

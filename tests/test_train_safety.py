@@ -260,34 +260,52 @@ def test_resume_skips_incomplete_checkpoints_and_names_them(capsys, tmp_path, ta
     assert (root / "step-00000003" / checkpoints.DONE_FILE).is_file()
 
 
+def _step(p: Path) -> int:
+    return int(p.name.removeprefix(".").split("-")[1].split(".")[0])
+
+
 @pytest.mark.slow
 def test_random_kills_always_leave_a_usable_checkpoint(tmp_path, target, data):
-    """SIGKILL a real training process at random points (6 times, `--save-every 1`): `--resume` always works."""
+    """SIGKILL a real training process 6 times (`--save-every 1`): at a random instant, or just inside a save
+    (once its temporary directory appears). `--resume` must always find a complete checkpoint, never behind."""
     out, root = tmp_path / "d", tmp_path / "d-checkpoint"
-    rng, last = random.Random(1234), 0
+    rng, last, inside = random.Random(1234), 0, 0
     env = {**os.environ, "DFLASH_ZOO_VERBOSITY": "WARNING"}
     base = ["train", "--target", str(target), "--data", str(data), "--out", str(out), "--save-every", "1", *TINY]
-    for _ in range(6):
+
+    def saving(after: int) -> bool:  # a save of a step later than `after` is being written
+        return any(p.name.startswith(".step-") and _step(p) > after for p in root.iterdir())
+
+    for kill in range(6):
         resume = ["--resume"] if checkpoints.find(root)[0] is not None else []
         proc = subprocess.Popen(cli(*base, "--steps", "100000", *resume), env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         try:
-            for _ in range(6000):  # up to ~5 min for the first new checkpoint of this run
+            for _ in range(30000):  # bounded (~5 min): this run's first new checkpoint
                 found = checkpoints.find(root)[0]
-                if (found is not None and int(found.name.split("-")[1]) > last) or proc.poll() is not None:
+                if (found is not None and _step(found) > last) or proc.poll() is not None:
                     break
-                time.sleep(0.05)
-            time.sleep(rng.uniform(0.0, 0.5))
+                time.sleep(0.01)
+            if kill % 2:  # just inside the next save
+                for _ in range(100000):
+                    if saving(_step(found)) or proc.poll() is not None:
+                        break
+                    time.sleep(0.001)
+                time.sleep(rng.uniform(0.0, 0.002))
+            else:
+                time.sleep(rng.uniform(0.0, 2.0))
             assert proc.poll() is None, "training ended before the kill: nothing was tested"
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=60)
-        found = checkpoints.find(root)[0]
+        found, skipped = checkpoints.find(root)
+        inside += bool(skipped)
         assert found is not None and found.parent == root
         step = int(checkpoints.load_state(found)["step"])
         assert step >= max(last, 1)  # never behind the last complete checkpoint
         load_drafter(found)
         last = step
+    assert inside >= 1  # at least one kill hit a save halfway (its temporary directory was left)
     done = subprocess.run(cli(*base, "--steps", str(last + 2), "--resume", "--json"), env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr

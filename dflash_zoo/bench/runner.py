@@ -24,8 +24,9 @@ import torch
 
 from dflash_zoo.bench import meta as benchmeta
 from dflash_zoo.cuda import kernels
-from dflash_zoo.engine.decode import SpeculativeDecoder, autoregressive_generate
+from dflash_zoo.engine.decode import EagerEngine
 from dflash_zoo.engine.results import GenerationConfig, GenerationResult
+from dflash_zoo.engine.run import Engine
 
 log = logging.getLogger("dflash_zoo")
 SCHEMA = "dflash-zoo.bench/1"
@@ -95,6 +96,9 @@ class BenchOptions:
     paths: tuple[str, ...] = ("fast",)
     what_if_acceptance: float | None = None
     seed: int = 0
+    temperature: float = 0.0  # > 0: speculative sampling (the acceptance rule named in the record)
+    top_p: float = 1.0
+    top_k: int = 0
 
 
 @dataclass
@@ -307,31 +311,18 @@ def _measure(
 
 
 def _runners(path: str, sub: Subject, cfg: GenerationConfig, override, max_len: int, opts: BenchOptions):
-    """(autoregressive, dflash) callables for one path, and its FastEngine (None for eager)."""
+    """(autoregressive, dflash) callables for one engine ("eager" or "fast"), and the engine."""
     if path == "eager":
-        dev = next(sub.drafter.parameters()).device
+        eng: Engine = EagerEngine(sub.adapter, sub.drafter, sub.mask_token_id)
+    else:
+        from dflash_zoo.cuda.fast import FastEngine
 
-        def spec(prompt: list[int] = sub.prompt) -> GenerationResult:
-            dec = SpeculativeDecoder(sub.adapter, sub.drafter, prompt, cfg, sub.mask_token_id, override)
-            for _ in dec:
-                pass
-            return dec.result
-
-        return (lambda p=sub.prompt: autoregressive_generate(sub.adapter, p, cfg, dev)), spec, None
-    from dflash_zoo.cuda.fast import FastEngine
-
-    eng = FastEngine(
-        sub.adapter,
-        sub.drafter,
-        sub.mask_token_id,
-        max_len,
-        opts.graphs,
-        cfg.block_size,
-        compile=opts.compile,
-    )
+        eng = FastEngine(
+            sub.adapter, sub.drafter, sub.mask_token_id, max_len, opts.graphs, cfg.block_size, compile=opts.compile
+        )
     ar, spec = (
         (lambda p=sub.prompt: eng.autoregressive(p, cfg)),
-        (lambda p=sub.prompt: eng.speculative(p, cfg, override)),
+        (lambda p=sub.prompt: eng.speculative(p, cfg, accept_override=override)),
     )
     return ar, spec, eng
 
@@ -363,7 +354,14 @@ def run_bench(sub: Subject, opts: BenchOptions, argv: list[str] | None = None) -
     if opts.what_if_acceptance is not None:
         override = whatif_schedule(opts.what_if_acceptance, block)
         new_tokens = whatif_new_tokens(opts.what_if_acceptance, opts.new_tokens)
-    cfg = GenerationConfig(max_new_tokens=new_tokens, block_size=block)
+    cfg = GenerationConfig(
+        max_new_tokens=new_tokens,
+        block_size=block,
+        temperature=opts.temperature,
+        top_p=opts.top_p,
+        top_k=opts.top_k,
+        seed=opts.seed if opts.temperature > 0 else None,
+    )
     bw = benchmeta.copy_bandwidth(device)
     wbytes = benchmeta.weight_bytes(sub.adapter, sub.drafter, block)
     results: dict[str, Any] = {}
@@ -380,9 +378,9 @@ def run_bench(sub: Subject, opts: BenchOptions, argv: list[str] | None = None) -
             "dflash": spec,
             "speedup": spec["tokens_per_second"] / max(ar["tokens_per_second"], 1e-9),
             # one-off costs, paid in the warm-up runs (not in tok/s when warmup >= 1); None for eager
-            "compile_seconds": eng.compile_seconds if eng else None,
-            "capture_seconds": eng.capture_seconds if eng else None,
-            "engine": None if eng is None else _engine_settings(eng),
+            "compile_seconds": eng.compile_seconds if path == "fast" else None,
+            "capture_seconds": eng.capture_seconds if path == "fast" else None,
+            "engine": _engine_settings(eng) if path == "fast" else None,
         }
     return {
         "schema": SCHEMA,

@@ -17,7 +17,7 @@ import click
 
 from dflash_zoo.commands.run import devices_option
 from dflash_zoo.errors import ZooError
-from dflash_zoo.output import emit_json, human_size, info, stdout, table
+from dflash_zoo.output import emit_json, human_size, info, print_table, table
 
 EXAMPLES = """
 \b
@@ -72,7 +72,13 @@ FIXED_PROMPT_TOKENS, FIXED_NEW_TOKENS = 512, 512  # one fixed prompt (or a rando
 @click.option("--dtype", default="auto", show_default=True, help="auto, bf16, fp16 or fp32.")
 @click.option("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available).")
 @devices_option
-@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option(
+    "--warmup",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Unmeasured runs first (of the longest prompt, for a prompt set).",
+)
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option(
     "--graphs/--no-graphs",
@@ -93,6 +99,16 @@ FIXED_PROMPT_TOKENS, FIXED_NEW_TOKENS = 512, 512  # one fixed prompt (or a rando
     type=click.Choice(["eager", "fast"]),
     help="Decode path(s) to measure (default: fast where supported, else eager).",
 )
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="0 = greedy; > 0 measures speculative sampling (seeded by --seed).",
+)
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random prompt and sampling seed.")
 @click.option(
     "--what-if-acceptance",
     type=click.FloatRange(min=1),
@@ -149,12 +165,12 @@ def bench(
         sub = B.random_subject(shape, device, torch_dtype, opts, split)
     else:
         sub = B.pair_subject(entry or target, draft, device, torch_dtype, opts, devices, prompt_set, raw)
-    if not paths:
-        from dflash_zoo.cuda.fast import unsupported_reason
+    if not paths:  # the engine `generate` would pick, as `engine/select.py` decides
+        from dflash_zoo.engine.select import EngineOptions, choose_engine
 
-        graphs = opts.graphs if opts.graphs is not None else str(device).startswith("cuda")
-        reason = "split target" if sub.placement else unsupported_reason(sub.adapter, graphs=graphs)
-        opts = B.BenchOptions(**{**vars(opts), "paths": ("eager",) if reason else ("fast",)})
+        choice = choose_engine(sub.adapter, device, EngineOptions(), split=sub.placement is not None)
+        info(f"engine: {choice.name} ({choice.reason})")
+        opts = B.BenchOptions(**{**vars(opts), "paths": (choice.name,)})
     record = B.run_bench(sub, opts, ["dflash-zoo", *sys.argv[1:]])
     if as_json:
         emit_json(record)
@@ -260,7 +276,7 @@ def _print_table(record: dict) -> None:
     if record["kind"] == "projection":
         title = f"PROJECTION: what-if acceptance {record['projection']['what_if_acceptance']}"
     cols = ["path", "mode", "tok/s", "min-max", "speedup", "tau", "ttft ms", "peak mem", "roofline"]
-    stdout().print(table(cols, rows, title=title))
+    print_table(table(cols, rows, title=title))
     for path, r in record["results"].items():
         if r.get("capture_seconds") is not None:  # one-off costs, outside tok/s
             info(f"{path}: compile {r['compile_seconds']:.1f} s, graph capture {r['capture_seconds']:.1f} s")

@@ -46,6 +46,7 @@ def _preflight(p: dict, rank: int) -> list:
     """Everything that can be checked without a model: the data file, every output location, --init,
     --resume and --target-layer-ids (against a local target's config). Returns the data records."""
     from dflash_zoo.engine.outdir import check_writable
+    from dflash_zoo.errors import looks_like_path, missing_directory
     from dflash_zoo.training import checkpoints, data
     from dflash_zoo.training.train import TrainConfig, check_locations
 
@@ -61,8 +62,8 @@ def _preflight(p: dict, rank: int) -> list:
     if p["regenerate"]:
         check_writable(zoo_home() / "regen", "regeneration cache (DFLASH_ZOO_HOME)")
     init = p["init"]
-    if init and not Path(init).expanduser().is_dir() and (init.startswith((".", "/", "~")) or init.count("/") != 1):
-        raise click.BadParameter(f"{init} is not a directory", param_hint="--init")
+    if init and not Path(init).expanduser().is_dir() and looks_like_path(init):
+        raise missing_directory(init)
     ids = _ids(p["target_layer_ids"])
     layers = _local_layers(p["target"])
     if ids and layers is not None and not (p["init"] or p["resume"]):

@@ -180,7 +180,7 @@ def save_drafter(
     An existing `out_dir` is replaced only when it is empty, was written by dflash-zoo (`outdir.is_ours`),
     or `overwrite` is set; otherwise `InvalidArgumentError` and nothing is touched.
     """
-    out = Path(out_dir).expanduser()
+    out = outdir.norm(out_dir)
     outdir.check_output(out, overwrite, flag="overwrite=True")
     outdir.recover(out)
     tmp = outdir.new_temp_dir(out)

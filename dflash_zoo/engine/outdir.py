@@ -52,6 +52,11 @@ def fsync_tree(directory: Path) -> None:
     fsync_path(directory)
 
 
+def norm(path: str | os.PathLike) -> Path:
+    """An absolute path with `~`, `.` and `..` resolved lexically (`--out .` has a name and a parent)."""
+    return Path(os.path.abspath(Path(path).expanduser()))
+
+
 def umask() -> int:
     """The process umask (read without changing it where /proc allows)."""
     try:
@@ -139,17 +144,18 @@ def _protected(out: Path) -> str | None:
 
 def check_output(out: Path, overwrite: bool = False, flag: str = "--overwrite") -> None:
     """Refuse an `out` that cannot be replaced safely; run before any work that would be lost."""
+    out = norm(out)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise InvalidArgumentError(f"{out} exists and is not a directory", hint="choose another output path")
     check_writable(out.parent if out.exists() else out, "output directory")
     if not out.exists():
         return
-    check_writable(out, "output directory")  # a read-only mount (or, for non-root, a 0555 dir) cannot be swapped
-    if not any(out.iterdir()):
-        return
     why = _protected(out)
     if why:
         raise InvalidArgumentError(f"refusing to replace {out}: {why}", hint="choose a new output directory")
+    check_writable(out, "output directory")  # a read-only mount (or, for non-root, a 0555 dir) cannot be swapped
+    if not any(out.iterdir()):
+        return
     if not overwrite and not is_ours(out):
         raise InvalidArgumentError(
             f"{out} is not empty and was not written by dflash-zoo",
@@ -192,6 +198,7 @@ def _only_our_files(directory: Path) -> bool:
 
 def recover(out: Path) -> list[str]:
     """Put back an output an interrupted swap left aside, remove our other leftovers; returns what was done."""
+    out = norm(out)
     done: list[str] = []
     for p in _leftovers(out):
         if not _only_our_files(p):

@@ -30,7 +30,8 @@ _TEMP = re.compile(r"\.step-\d{8,}\.tmp-[0-9a-f]{8}")
 
 def root_for(out: str | Path) -> Path:
     """The checkpoint directory of an output directory: the sibling `<out>-checkpoint`."""
-    return Path(f"{Path(out).expanduser()}-checkpoint")
+    out = outdir.norm(out)
+    return out.with_name(f"{out.name}-checkpoint")
 
 
 def _ours(root: Path) -> bool:

@@ -209,7 +209,7 @@ def check_locations(cfg: TrainConfig, resume: bool) -> Path | None:
 
     Returns the checkpoint `--resume` will use (None without `resume`).
     """
-    out, root = Path(cfg.out).expanduser(), checkpoints.root_for(cfg.out)
+    out, root = outdir.norm(cfg.out), checkpoints.root_for(cfg.out)
     outdir.check_writable(out.parent if out.exists() else out, "output directory")
     outdir.recover(out)
     outdir.check_output(out, cfg.overwrite)
@@ -346,7 +346,7 @@ def train(
     """
     model.requires_grad_(False)
     rank, _, _ = dist_info()
-    out, root = Path(cfg.out).expanduser(), checkpoints.root_for(cfg.out)
+    out, root = Path(cfg.out), checkpoints.root_for(cfg.out)
     found = check_locations(cfg, resume) if rank == 0 else (checkpoints.latest(root) if resume else None)
     state = None
     if found is not None:
