@@ -67,20 +67,21 @@ def test_eval_defaults_to_the_embedded_demo_pair(tmp_path):
 def test_one_time_costs_land_on_no_measured_prompt():
     """The longest prompt runs first both ways, so the fast engine is built (and captured) before timing."""
     from dflash_zoo.api import Pipeline
+    from dflash_zoo.engine.select import EngineOptions
     from dflash_zoo.training.evaluate import evaluate
     from tests.test_fast import MASK, _pair
 
     adapter, drafter = _pair("qwen3")
-    pipe = Pipeline(model=adapter.model, drafter=drafter, tokenizer=None, mask_token_id=MASK, fast=True)
+    pipe = Pipeline(adapter.model, drafter, None, mask_token_id=MASK, options=EngineOptions(fast=True))
     calls = []
 
     class Recorder:  # forwards to the real pipeline, noting which engine each call found
         def generate(self, ids, **kw):
-            calls.append(("spec", len(ids), kw["max_new_tokens"], pipe._engine))
+            calls.append(("spec", len(ids), kw["max_new_tokens"], pipe._engines.get("fast-b8")))
             return pipe.generate(ids, **kw)
 
         def generate_autoregressive(self, ids, **kw):
-            calls.append(("ar", len(ids), kw["max_new_tokens"], pipe._engine))
+            calls.append(("ar", len(ids), kw["max_new_tokens"], pipe._engines.get("fast-b8")))
             return pipe.generate_autoregressive(ids, **kw)
 
     prompts = [[3, 4, 5], [6, 7, 8, 9, 10, 11, 12], [13, 14]]

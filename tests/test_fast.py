@@ -17,6 +17,7 @@ from dflash_zoo.bench.runner import whatif_schedule
 from dflash_zoo.cuda.fast import COMPILE_OPTIONS, COMPILED_DECODE_ATTENTION, FastEngine, unsupported_reason
 from dflash_zoo.engine.decode import SpeculativeDecoder, autoregressive_generate
 from dflash_zoo.engine.results import GenerationConfig
+from dflash_zoo.engine.select import EngineOptions
 from dflash_zoo.errors import UnsupportedModelError
 from tests.oracles import greedy_reference
 from tests.static_matrix import REQUIRED, STATIC_MODEL_TYPES, static_pair
@@ -332,24 +333,25 @@ def test_pipeline_baseline_runs_on_the_same_path_as_generate():
     from dflash_zoo.api import Pipeline
 
     adapter, drafter = _pair("qwen3")
-    fast = Pipeline(model=adapter.model, drafter=drafter, tokenizer=None, mask_token_id=MASK, fast=True)
-    eager = Pipeline(model=adapter.model, drafter=drafter, tokenizer=None, mask_token_id=MASK, fast=False)
+    fast = Pipeline(adapter.model, drafter, None, mask_token_id=MASK, options=EngineOptions(fast=True))
+    eager = Pipeline(adapter.model, drafter, None, mask_token_id=MASK, options=EngineOptions(fast=False))
     prompt = _prompts(1)[0]
     res = fast.generate_autoregressive(prompt, max_new_tokens=12)
-    assert fast._engine is not None  # the engine was built for the baseline
+    assert fast.last_choice.name == "fast"  # the static engine ran the baseline
     assert res.output_ids == eager.generate_autoregressive(prompt, max_new_tokens=12).output_ids
 
 
 def test_pipeline_compile_flag_reaches_the_engine():
-    """`Pipeline.compile` builds a compiling engine; changing the flag rebuilds it (no step runs here)."""
+    """`compile=True` builds a compiling engine; other options rebuild it (no step runs here)."""
     from dflash_zoo.api import Pipeline
 
     adapter, drafter = _pair("qwen3")
-    pipe = Pipeline(model=adapter.model, drafter=drafter, mask_token_id=MASK, fast=True, compile=True)
-    eng = pipe._fast_engine(8, {"max_new_tokens": 8})
+    pipe = Pipeline(adapter.model, drafter, mask_token_id=MASK, options=EngineOptions(fast=True, compile=True))
+    cfg = pipe.config(max_new_tokens=8)
+    eng = pipe.engine(cfg, 8)
     assert eng.compile and eng.compile_seconds == 0.0  # compiled lazily, on the first step
     assert eng.compile_options == COMPILE_OPTIONS and eng.decode_attention == COMPILED_DECODE_ATTENTION
-    pipe.compile = False
-    plain = pipe._fast_engine(8, {"max_new_tokens": 8})
+    pipe.options = EngineOptions(fast=True)
+    plain = pipe.engine(cfg, 8)
     assert plain is not eng and not plain.compile and plain.decode_attention == "sdpa"
-    assert pipe._fast_engine(8, {"max_new_tokens": 8}) is plain  # reused while nothing changes
+    assert pipe.engine(cfg, 8) is plain  # reused while nothing changes

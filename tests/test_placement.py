@@ -17,6 +17,7 @@ from dflash_zoo.api import Pipeline, load
 from dflash_zoo.cuda.placement import apply_placement, balance, module_bytes, parse_devices, plan_placement
 from dflash_zoo.engine.decode import autoregressive_generate
 from dflash_zoo.engine.results import GenerationConfig
+from dflash_zoo.engine.select import EngineOptions
 from dflash_zoo.errors import ConfigError, UnsupportedModelError
 from tests.static_matrix import STATIC_MODEL_TYPES
 from tests.tiny import VOCAB, tiny_drafter, tiny_target
@@ -168,8 +169,9 @@ def test_the_final_norm_is_found_through_the_adapter():
 @pytest.mark.parametrize("model_type", STATIC_MODEL_TYPES)
 def test_placement_turns_the_fast_path_off(model_type):
     pipe, _ = _placed_pipeline(model_type, SPLIT)
-    pipe.fast = True
-    assert pipe._fast_engine(10, {"max_new_tokens": 8}) is None
+    pipe.options = EngineOptions(fast=True)
+    pipe.engine(pipe.config(max_new_tokens=8), 10)
+    assert pipe.last_choice.name == "eager" and "split across devices" in pipe.last_choice.reason
 
 
 def test_apply_placement_refuses_a_plan_for_another_model():

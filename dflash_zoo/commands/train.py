@@ -17,7 +17,8 @@ EXAMPLES_TRAIN = """
 Examples:
   dflash-zoo train --target ./my-target --data chat.jsonl --out runs/d1 --regenerate
   dflash-zoo train --target ./t --data code.jsonl --out runs/b8 --block-size 8 --draft-layers 3 --steps 2000
-  dflash-zoo train --target ./t --data code.jsonl --out runs/d1 --resume
+  dflash-zoo train --target ./t --data code.jsonl --out runs/d1 --save-every 200   # then, after a crash:
+  dflash-zoo train --target ./t --data code.jsonl --out runs/d1 --save-every 200 --resume
   torchrun --nproc-per-node 4 -m dflash_zoo train --target ./t --data d.jsonl --out runs/d1 --device cuda
 """
 
