@@ -1,45 +1,60 @@
-"""`serve`: validate a pair, then build (and run) the vLLM or SGLang launch command."""
+"""`serve`: validate a pair, then build (and run) the vLLM or SGLang launch command (docs/serving.md)."""
 
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
+import subprocess
 import sys
 
 import click
 
 from dflash_zoo.commands.hubcmds import HUB_ENV, Ref, resolve
-from dflash_zoo.errors import UnsupportedModelError
+from dflash_zoo.errors import UnsupportedModelError, ZooError
 from dflash_zoo.output import emit_json, hint, info
 from dflash_zoo.zoo import hub
 
+_SERVE_ENV = """
+\b
+  CUDA_VISIBLE_DEVICES    the GPUs whose memory sizes --tp when it is not given"""
 
-@click.command(epilog=HUB_ENV, context_settings={"ignore_unknown_options": True})
+
+@click.command(epilog=HUB_ENV + _SERVE_ENV, context_settings={"ignore_unknown_options": True})
 @click.argument("model_id")
 @click.option("--engine", type=click.Choice(["vllm", "sglang"]), required=True, help="Serving engine.")
 @click.option("--target", default=None, help="Target model (required for a plain draft repo id).")
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="Port for the engine's server.")
+@click.option("--tp", type=click.IntRange(1, 64), default=None, help="Tensor-parallel size (default: computed).")
+@click.option("--block-size", type=click.IntRange(2, 64), default=None, help="Drafter block size override.")
 @click.option("--dry-run", is_flag=True, help="Print the launch command; do not run it.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print argv and env as JSON.")
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
-def serve(model_id, engine, target, port, dry_run, as_json, extra):
+def serve(model_id, engine, target, port, tp, block_size, dry_run, as_json, extra):
     """Validate a pair, then build and run the vLLM / SGLang launch command (args after -- are passed on).
+
+    Exits 3 when the engine cannot serve the pair, or the installed engine is too old for it.
 
     \b
     Examples:
       dflash-zoo serve qwen3-8b --engine vllm --dry-run
       dflash-zoo serve qwen3-8b --engine sglang --port 30000
-      dflash-zoo serve qwen3-8b --engine vllm -- --max-model-len 8192
+      dflash-zoo serve kimi-k2.5 --engine vllm --tp 8 -- --max-model-len 8192
       dflash-zoo serve z-lab/Qwen3-8B-DFlash-b16 --engine vllm --target Qwen/Qwen3-8B --dry-run
     """
     from dflash_zoo.zoo import serve as sv
 
-    spec = _serve_spec(resolve(model_id), target, port, extra)
+    spec, name = _serve_spec(resolve(model_id), engine, target, port, tp, block_size, extra)
+    installed = sv.installed_version(engine)
+    sv.check_engine_version(spec.recipe, engine, installed)
     argv = sv.build_command(engine, spec, python=sys.executable)
     extra_env = sv.engine_env(engine)
     if dry_run:
         if as_json:
-            return emit_json({"engine": engine, "argv": argv, "env": extra_env, "command": shlex.join(argv)})
+            doc = {"engine": engine, "argv": argv, "env": extra_env, "command": shlex.join(argv)}
+            doc.update(entry=name, tensor_parallel=spec.tensor_parallel, min_engine_version=spec.recipe.min_version)
+            doc["engine_installed"] = installed
+            return emit_json(doc)
         prefix = " ".join(f"{k}={v}" for k, v in extra_env.items())
         return click.echo(f"{prefix} {shlex.join(argv)}".strip())
     sv.require_engine(engine)
@@ -48,22 +63,49 @@ def serve(model_id, engine, target, port, dry_run, as_json, extra):
     os.execvp(argv[0], argv)
 
 
-def _serve_spec(ref: Ref, target: str | None, port: int | None, extra: tuple[str, ...]):
-    """Check the pair and gather target, draft, block size; a plain repo id only warns (no registry check)."""
-    from dflash_zoo.zoo.serve import ServeSpec
+def _serve_spec(ref: Ref, engine: str, target, port, tp, block_size, extra: tuple[str, ...]):
+    """Check the pair and gather target, draft, block size, pins, recipe and tensor parallelism.
+
+    A plain repo id only warns (no registry check) and gets the engine's default recipe.
+    """
+    from dflash_zoo.zoo import serve as sv
+    from dflash_zoo.zoo.registry import read_pins
 
     entry = ref.entry
-    if entry is not None:
-        if entry.status == "unsupported-here":
-            raise UnsupportedModelError(f"{entry.slug} is marked unsupported here: {entry.reason}")
-        block = entry.draft.block_size
-        return ServeSpec(
-            target or entry.target_repo, entry.draft_repo, block, entry.draft_revision, port, extra
-        )
-    if target is None:
-        raise click.UsageError(f"{ref.name} is not a registry entry: pass --target with the target model")
-    hint(f"{ref.name} is not in the registry: the pair is not validated; run `dflash-zoo check` first")
-    return ServeSpec(target, ref.repo_id, _config_block_size(ref.repo_id, None), None, port, extra)
+    if entry is None:
+        if target is None:
+            raise click.UsageError(f"{ref.name} is not a registry entry: pass --target with the target model")
+        hint(f"{ref.name} is not in the registry: the pair is not validated; run `dflash-zoo check` first")
+        block = block_size or _config_block_size(ref.repo_id, None)
+        recipe = sv.recipe_for("", engine)
+        return sv.ServeSpec(target, ref.repo_id, block, None, port, extra, None, recipe, tp or 1), ref.name
+    if entry.status == "unsupported-here":
+        raise UnsupportedModelError(f"{entry.slug} is marked unsupported here: {entry.reason}")
+    recipe = sv.recipe_for(entry.adapter, engine, entry.slug)
+    sv.refuse_if_unsupported(recipe, engine, entry.slug)
+    pins = read_pins(entry)
+    draft_rev = pins.draft or entry.draft_revision
+    # the pinned target commit only applies to the registered target, not a --target override
+    target_rev = None if target else (pins.target or entry.target_revision)
+    block = block_size or entry.draft.block_size or _entry_block_size(entry, draft_rev)
+    size = tp or sv.tensor_parallel_size(entry.target_bf16_bytes, visible_gpu_bytes(), entry.tp_hint)
+    spec = sv.ServeSpec(
+        target or entry.target_repo, entry.draft_repo, block, draft_rev, port, extra, target_rev, recipe, size
+    )
+    return spec, entry.slug
+
+
+def _entry_block_size(entry, revision: str) -> int:
+    """The drafter's block size from its config.json when the registry does not know it."""
+    try:
+        return _config_block_size(entry.draft_repo, revision)
+    except ZooError as exc:
+        gated = " (gated: set HF_TOKEN)" if entry.gated else ""
+        raise ZooError(
+            f"the registry does not know the block size of {entry.slug}'s drafter and its config.json is not "
+            f"available{gated}: {exc}",
+            hint=f"`dflash-zoo pull {entry.slug}` first, or pass --block-size N",
+        ) from exc
 
 
 def _config_block_size(repo_id: str, revision: str | None) -> int:
@@ -71,3 +113,23 @@ def _config_block_size(repo_id: str, revision: str | None) -> int:
     from dflash_zoo.engine.config import load_draft_config
 
     return load_draft_config(hub.snapshot(repo_id, revision, allow_patterns=["config.json"])).block_size
+
+
+def visible_gpu_bytes() -> list[int]:
+    """Memory of each visible NVIDIA GPU in bytes, from `nvidia-smi` (no torch); [] when none is visible."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1") or shutil.which("nvidia-smi") is None:
+        return []
+    query = ["nvidia-smi", "--query-gpu=index,memory.total", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    sizes = {}
+    for line in out.strip().splitlines():
+        index, _, mib = line.partition(",")
+        if index.strip().isdigit() and mib.strip().isdigit():
+            sizes[index.strip()] = int(mib.strip()) * 2**20
+    if visible is None:
+        return list(sizes.values())
+    return [sizes[i.strip()] for i in visible.split(",") if i.strip() in sizes]  # UUIDs: not resolved

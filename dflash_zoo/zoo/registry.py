@@ -25,7 +25,7 @@ import json
 import logging
 import os
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from importlib.resources import files
 from pathlib import Path
@@ -79,6 +79,18 @@ class Entry:
     reason: str | None
     draft_size_bytes: int | None
     notes: str
+    target_revision: str = "main"  # "main" where no commit is known
+    draft_license: str | None = None  # the drafter repo's own licence (`license` is the target's); None: unknown
+    draft_gated: bool | None = None  # the drafter repo alone; None: not recorded
+    gated_seen: str | None = None  # when the gated flags were last observed (YYYY-MM-DD); None: not recorded
+    target_params_b: float | None = None  # total parameters, billions (bf16 weights = 2 bytes each)
+    tp_hint: int = 1  # tensor-parallel size on 80 GB GPUs when no GPU is visible to measure
+    shape_from: str | None = None  # the repo the target fingerprint was copied from, when not its own
+    mask_token_ids_seen: dict = field(default_factory=dict)  # revision label -> mask id seen there
+
+    @property
+    def target_bf16_bytes(self) -> int | None:
+        return None if self.target_params_b is None else int(self.target_params_b * 2e9)
 
     def names(self) -> tuple[str, ...]:
         """Every name `resolve` and `list PATTERN` know this entry by."""
@@ -211,6 +223,14 @@ def _to_entry(raw: dict[str, Any]) -> Entry:
         reason=raw.get("reason"),
         draft_size_bytes=d.get("size_bytes"),
         notes=raw.get("notes", ""),
+        target_revision=t.get("revision", "main"),
+        draft_license=d.get("license"),
+        draft_gated=d.get("gated"),
+        gated_seen=raw.get("gated_seen"),
+        target_params_b=t.get("params_b"),
+        tp_hint=t.get("tp_hint", 1),
+        shape_from=t.get("shape_from"),
+        mask_token_ids_seen=dict(d.get("mask_token_ids_seen") or {}),
     )
 
 

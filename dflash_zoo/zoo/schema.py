@@ -30,6 +30,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool, bool]]] = {
         "chat_template_kwargs": ("dict", False, False),
         "thinking": ("str", False, False),
         "gated": ("bool", False, False),
+        "gated_seen": ("str", False, True),
         "license": ("str", True, False),
         "status": ("str", True, False),
         "reason": ("str", False, True),
@@ -41,6 +42,10 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool, bool]]] = {
         "hidden_size": ("int", True, False),
         "num_hidden_layers": ("int", True, False),
         "vocab_size": ("int", True, False),
+        "revision": ("str", False, False),
+        "params_b": ("num", False, True),
+        "tp_hint": ("int", False, False),
+        "shape_from": ("str", False, False),
     },
     "draft": {
         "repo": ("str", True, False),
@@ -50,13 +55,18 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool, bool]]] = {
         "mask_token_id": ("int", True, True),
         "num_layers": ("int", True, True),
         "size_bytes": ("int", False, True),
+        "license": ("str", False, True),
+        "gated": ("bool", False, True),
+        "mask_token_ids_seen": ("{str:int}", False, False),
     },
 }
 _KIND_OK = {
     "str": lambda v: isinstance(v, str) and v.strip() != "",
     "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "num": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
     "bool": lambda v: isinstance(v, bool),
     "dict": lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+    "{str:int}": lambda v: isinstance(v, dict) and all(_KIND_OK["str"](k) and _KIND_OK["int"](x) for k, x in v.items()),
     "[str]": lambda v: isinstance(v, list) and all(_KIND_OK["str"](x) for x in v),
     "[int]": lambda v: isinstance(v, list) and all(_KIND_OK["int"](x) for x in v),
     "target": lambda v: isinstance(v, dict),
@@ -131,6 +141,10 @@ def _check_facts(raw: dict, where: str) -> None:
             f"{where}: field 'draft.target_layer_ids' {taps} must be non-empty ids in "
             f"[0, {t['num_hidden_layers']}) (target.num_hidden_layers)"
         )
-    mask = d["mask_token_id"]
-    if mask is not None and not 0 <= mask < t["vocab_size"]:
-        raise ConfigError(f"{where}: field 'draft.mask_token_id' {mask} outside [0, {t['vocab_size']})")
+    masks = {"draft.mask_token_id": d["mask_token_id"]}
+    masks.update({f"draft.mask_token_ids_seen[{k!r}]": v for k, v in (d.get("mask_token_ids_seen") or {}).items()})
+    for key, mask in masks.items():
+        if mask is not None and not 0 <= mask < t["vocab_size"]:
+            raise ConfigError(f"{where}: field {key!r} {mask} outside [0, {t['vocab_size']})")
+    if t.get("tp_hint") is not None and t["tp_hint"] < 1:
+        raise ConfigError(f"{where}: field 'target.tp_hint' must be >= 1, got {t['tp_hint']}")

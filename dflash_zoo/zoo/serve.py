@@ -1,29 +1,99 @@
-"""Launch commands for serving a DFlash pair with vLLM or SGLang (docs/method.md §7); pure, no I/O.
+"""Launch commands for serving a DFlash pair with vLLM or SGLang; pure, no I/O (docs/serving.md).
+
+Per-family recipes are data (`RECIPES`), never code branches: for each (family or entry slug, engine) the
+target attention backend, the draft attention backend, trust-remote-code, the minimum engine version, a
+tensor-parallel hint and a refusal where the engine cannot run the pair at all.
 
 - vLLM: `vllm serve <target> --speculative-config '{"method": "dflash", "model": <draft>,
-  "num_speculative_tokens": B-1}' --attention-backend flash_attn` (the drafter needs non-causal attention).
+  "num_speculative_tokens": B-1, "attention_backend": <draft backend>}'`. The drafter needs non-causal
+  attention, so its backend travels *inside* the speculative config (vLLM >= 0.21.0); a top-level
+  `--attention-backend` would force it onto the target too (MLA on Kimi, 512-wide heads on Gemma 4, sinks on
+  gpt-oss), so it is only emitted where the recipe names a target backend.
 - SGLang: `python -m sglang.launch_server --model-path <target> --speculative-algorithm DFLASH
-  --speculative-draft-model-path <draft> --speculative-num-draft-tokens B`.
+  --speculative-draft-model-path <draft> --speculative-num-draft-tokens B` (DFLASH from 0.5.11).
 
-B is the drafter's block size: vLLM counts the proposed tokens (B-1, the bonus token is not drafted), SGLang the
-whole block. A pinned draft revision travels as `"revision"` in vLLM's speculative config and as
-`--speculative-draft-model-revision` for SGLang. Extra arguments are appended verbatim, last, so they can
-override anything before them.
+B is the drafter's block size: vLLM counts the proposed tokens (B-1, the bonus token is not drafted), SGLang
+the whole block. Pinned revisions travel as `"revision"` in vLLM's speculative config and `--revision` for the
+target; SGLang uses `--speculative-draft-model-revision` and `--revision`. Extra arguments are appended
+verbatim, last, so they can override anything before them.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
+import re
 import shutil
 from dataclasses import dataclass, field
+from importlib import metadata
 
-from dflash_zoo.errors import InvalidArgumentError, ZooError
+from dflash_zoo.errors import IncompatiblePairError, InvalidArgumentError, ZooError
 
 ENGINES = ("vllm", "sglang")
 SGLANG_MODULE = "sglang.launch_server"
-# SGLang forces the drafter's context length to the target's and refuses unless this is set (docs/method.md §7)
+# SGLang forces the drafter's context length to the target's and refuses unless this is set
 SGLANG_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+# Fraction of a GPU's memory the weights may take; the rest is KV cache, activations and CUDA graphs.
+WEIGHT_FRACTION = 0.8
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How one engine serves one family. None fields mean "let the engine choose"."""
+
+    min_version: str
+    target_backend: str | None = None  # vLLM --attention-backend / SGLang --attention-backend
+    draft_backend: str | None = None  # vLLM speculative_config.attention_backend / SGLang draft backend flag
+    trust_remote_code: bool = False
+    extra: tuple[str, ...] = ()  # flags the engine needs for this family
+    refusal: str | None = None  # why the engine cannot run the pair (exit 3)
+    works_with: str | None = None  # what would work instead, named in the refusal
+
+
+# Minimum versions: vLLM added DFlash in 0.20.0 and the draft-only `attention_backend` key of
+# --speculative-config in 0.21.0 (checked in the release wheels); SGLang accepts DFLASH from 0.5.11.
+_VLLM = Recipe(min_version="0.21.0", draft_backend="flash_attn")
+_SGLANG = Recipe(min_version="0.5.11")
+_HYBRID_NOTE = "hybrid GDN: vLLM derives mamba_cache_mode, SGLang its mamba radix strategy (no flag needed)"
+
+# (family = registry `adapter`, or an entry slug) -> engine -> recipe. A slug key wins over its family.
+RECIPES: dict[str, dict[str, Recipe]] = {
+    "qwen3": {"vllm": _VLLM, "sglang": _SGLANG},
+    "qwen3_moe": {"vllm": _VLLM, "sglang": _SGLANG},
+    "llama": {"vllm": _VLLM, "sglang": _SGLANG},
+    # hybrid Gated-DeltaNet targets: both engines derive their state-cache mode themselves (_HYBRID_NOTE);
+    # `--mamba-scheduler-strategy` from older recipes is rejected by SGLang 0.5.23
+    "qwen3_next": {"vllm": _VLLM, "sglang": _SGLANG},
+    "qwen3_5": {"vllm": _VLLM, "sglang": _SGLANG},
+    "qwen3_5_moe": {"vllm": _VLLM, "sglang": _SGLANG},
+    # attention sinks: FlashAttention-2 lacks them, so the target keeps vLLM's own choice
+    "gpt_oss": {"vllm": _VLLM, "sglang": _SGLANG},
+    # 512-wide global heads: FlashAttention rejects them outside FA4, the published recipe uses Triton
+    "gemma4": {"vllm": Recipe(min_version="0.21.0", target_backend="triton_attn", draft_backend="flash_attn"),
+               "sglang": _SGLANG},
+    # MLA target: never force a backend on it; remote-code tokenizer (tiktoken)
+    "kimi_k25": {"vllm": Recipe(min_version="0.21.0", draft_backend="flash_attn", trust_remote_code=True),
+                 "sglang": Recipe(min_version="0.5.11", trust_remote_code=True)},
+    "minimax_m2": {
+        "vllm": _VLLM,
+        "sglang": Recipe(
+            min_version="0.5.11",
+            refusal="SGLang (up to 0.5.23, the newest checked) has no DFlash hidden-state capture for minimax_m2",
+            works_with="vllm >= 0.21.0 (dflash-zoo serve minimax-m2.5 --engine vllm)",
+        ),
+    },
+}  # fmt: skip
+
+
+def recipe_for(family: str, engine: str, slug: str | None = None) -> Recipe:
+    """The recipe of an entry (slug first, then family); the engine default for unknown families."""
+    if engine not in ENGINES:
+        raise InvalidArgumentError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    for key in (slug, family):
+        if key and engine in RECIPES.get(key, {}):
+            return RECIPES[key][engine]
+    return _VLLM if engine == "vllm" else _SGLANG
 
 
 @dataclass(frozen=True)
@@ -36,14 +106,20 @@ class ServeSpec:
     draft_revision: str | None = None
     port: int | None = None
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+    target_revision: str | None = None
+    recipe: Recipe | None = None  # None: the engine's default recipe
+    tensor_parallel: int = 1
 
     def __post_init__(self) -> None:
-        if self.block_size < 2:
+        if not isinstance(self.block_size, int) or self.block_size < 2:
             raise InvalidArgumentError(f"block size must be >= 2 to draft anything, got {self.block_size}")
+        if self.tensor_parallel < 1:
+            raise InvalidArgumentError(f"tensor parallel size must be >= 1, got {self.tensor_parallel}")
 
 
 def vllm_command(spec: ServeSpec) -> list[str]:
     """`vllm serve` argv for `spec` (num_speculative_tokens = block_size - 1)."""
+    recipe = spec.recipe or _VLLM
     config: dict[str, object] = {
         "method": "dflash",
         "model": spec.draft,
@@ -51,23 +127,43 @@ def vllm_command(spec: ServeSpec) -> list[str]:
     }
     if _pinned(spec.draft_revision):
         config["revision"] = spec.draft_revision
+    if recipe.draft_backend:
+        config["attention_backend"] = recipe.draft_backend
     argv = ["vllm", "serve", spec.target, "--speculative-config", json.dumps(config)]
-    argv += ["--attention-backend", "flash_attn"]
-    if spec.port is not None:
-        argv += ["--port", str(spec.port)]
+    if _pinned(spec.target_revision):
+        argv += ["--revision", str(spec.target_revision)]
+    if recipe.target_backend:
+        argv += ["--attention-backend", recipe.target_backend]
+    argv += _common(recipe, spec, tp_flag="--tensor-parallel-size")
     return argv + list(spec.extra_args)
 
 
 def sglang_command(spec: ServeSpec, python: str = "python") -> list[str]:
     """`python -m sglang.launch_server` argv for `spec` (num_draft_tokens = block_size)."""
+    recipe = spec.recipe or _SGLANG
     argv = [python, "-m", SGLANG_MODULE, "--model-path", spec.target]
+    if _pinned(spec.target_revision):
+        argv += ["--revision", str(spec.target_revision)]
     argv += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", spec.draft]
     if _pinned(spec.draft_revision):
         argv += ["--speculative-draft-model-revision", str(spec.draft_revision)]
     argv += ["--speculative-num-draft-tokens", str(spec.block_size)]
+    if recipe.target_backend:
+        argv += ["--attention-backend", recipe.target_backend]
+    if recipe.draft_backend:
+        argv += ["--speculative-draft-attention-backend", recipe.draft_backend]
+    argv += _common(recipe, spec, tp_flag="--tp-size")
+    return argv + list(spec.extra_args)
+
+
+def _common(recipe: Recipe, spec: ServeSpec, tp_flag: str) -> list[str]:
+    argv = ["--trust-remote-code"] if recipe.trust_remote_code else []
+    if spec.tensor_parallel > 1:
+        argv += [tp_flag, str(spec.tensor_parallel)]
+    argv += list(recipe.extra)
     if spec.port is not None:
         argv += ["--port", str(spec.port)]
-    return argv + list(spec.extra_args)
+    return argv
 
 
 def build_command(engine: str, spec: ServeSpec, python: str = "python") -> list[str]:
@@ -82,6 +178,55 @@ def build_command(engine: str, spec: ServeSpec, python: str = "python") -> list[
 def engine_env(engine: str) -> dict[str, str]:
     """Environment variables the engine needs on top of the caller's (empty for vLLM)."""
     return dict(SGLANG_ENV) if engine == "sglang" else {}
+
+
+def refuse_if_unsupported(recipe: Recipe, engine: str, name: str) -> None:
+    """Raise `IncompatiblePairError` (exit 3) when the recipe says the engine cannot run the pair."""
+    if recipe.refusal:
+        raise IncompatiblePairError(
+            f"{engine} cannot serve {name}: {recipe.refusal}",
+            hint=f"use {recipe.works_with}" if recipe.works_with else "no engine version is known to work",
+        )
+
+
+def check_engine_version(recipe: Recipe, engine: str, installed: str | None) -> None:
+    """Raise `IncompatiblePairError` (exit 3) when the installed engine is older than the recipe needs."""
+    if installed is not None and version_tuple(installed) < version_tuple(recipe.min_version):
+        raise IncompatiblePairError(
+            f"{engine} {installed} is installed; this pair needs {engine} >= {recipe.min_version}",
+            hint=f"pip install -U '{engine}>={recipe.min_version}' (or --dry-run to only print the command)",
+        )
+
+
+def tensor_parallel_size(weight_bytes: int | None, gpu_bytes: list[int], hint: int = 1) -> int:
+    """GPUs to split the target over: the smallest power of two whose memory holds its weights.
+
+    Without visible GPUs the recipe's `hint` is used. The result never exceeds the visible GPU count.
+    """
+    if not gpu_bytes or not weight_bytes:
+        return hint if not gpu_bytes else 1
+    need = weight_bytes / (min(gpu_bytes) * WEIGHT_FRACTION)
+    tp = 1 << max(0, math.ceil(math.log2(max(need, 1.0))))
+    return min(tp, len(gpu_bytes))
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """Leading numeric release parts: "0.5.11.post1" -> (0, 5, 11), "0.21.0rc1" -> (0, 21, 0)."""
+    parts = []
+    for piece in text.split("."):
+        digits = re.match(r"\d+", piece)
+        if not digits:
+            break
+        parts.append(int(digits.group()))
+    return tuple(parts)
+
+
+def installed_version(engine: str) -> str | None:
+    """The engine's installed distribution version (importlib.metadata: the engine is never imported)."""
+    try:
+        return metadata.version(engine)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def require_engine(engine: str) -> None:
