@@ -29,6 +29,14 @@ if TYPE_CHECKING:
     from dflash_zoo.engine.config import DraftConfig
 
 
+# An unknown mask id: what each serving engine then does, and the fix (docs/serving.md).
+MASK_UNKNOWN = (
+    "mask id unknown: vLLM needs dflash_config.mask_token_id in the draft config; SGLang falls back to the "
+    "tokenizer's <|MASK|> token; fix: add dflash_config.mask_token_id (an id below the target's embedding "
+    "rows) to the drafter's config.json, or pass --draft-config FILE"
+)
+
+
 @dataclass(frozen=True)
 class Problem:
     """One finding of `validate`: severity is "FAIL" (incompatible) or "WARN" (works, but worse)."""
@@ -199,7 +207,7 @@ class TargetAdapter:
                 Problem(
                     "WARN",
                     "mask_token_id",
-                    "draft config has no mask_token_id; the tokenizer's <|MASK|> is used",
+                    MASK_UNKNOWN,
                 )
             )
         elif vocab is not None and not 0 <= draft.mask_token_id < vocab:

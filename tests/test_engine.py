@@ -89,6 +89,7 @@ def test_load_takes_the_engine_options():
     assert pipe.last_choice.name == "fast"
 
 
+@pytest.mark.slow  # minutes of CPU on 2 cores (run by CI's slow leg)
 def test_both_engines_give_the_same_tokens_and_steps_through_the_pipeline():
     eager, fast = _pipe(EngineOptions(fast=False)), _pipe(EngineOptions(fast=True))
     a = eager.generate("hello world", raw=True, max_new_tokens=21)
@@ -206,6 +207,7 @@ def _static_runs(eng, n_runs: int, override=None) -> tuple[dict, int]:
     return counts, accepted
 
 
+@pytest.mark.slow  # minutes of CPU on 2 cores (run by CI's slow leg)
 def test_static_engine_sampling_matches_the_target_distribution(sampling_engine, exact):
     counts, accepted = _static_runs(sampling_engine[1], N_RUNS)
     assert accepted > N_RUNS // 4, "drafts must get accepted for the test to exercise the rule"
@@ -229,6 +231,7 @@ def stubborn_engine(sampling_engine, monkeypatch):
     return sampling_engine
 
 
+@pytest.mark.slow  # minutes of CPU on 2 cores (run by CI's slow leg)
 def test_static_engine_corrects_a_certain_drafter(stubborn_engine, exact):
     """Every rejection samples the residual max(p - q, 0): the committed tokens still follow the target."""
     counts, accepted = _static_runs(stubborn_engine[1], N_RUNS)
@@ -236,6 +239,7 @@ def test_static_engine_corrects_a_certain_drafter(stubborn_engine, exact):
     assert chi_square_pvalue(counts, exact, N_RUNS) > 1e-3
 
 
+@pytest.mark.slow  # minutes of CPU on 2 cores (run by CI's slow leg)
 def test_static_engine_with_a_broken_rule_fails_the_same_test(stubborn_engine, exact):
     """Accepting every draft must fail the same test: the test can fail on this engine too."""
     counts, _ = _static_runs(stubborn_engine[1], N_RUNS, override=lambda step, k: k)

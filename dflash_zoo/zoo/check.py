@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_zoo.adapters import canonical_model_type, supported_model_types
-from dflash_zoo.adapters.base import Problem, TargetAdapter
+from dflash_zoo.adapters.base import MASK_UNKNOWN, Problem, TargetAdapter
 from dflash_zoo.engine.config import DraftConfig
 from dflash_zoo.zoo.check_sources import Side, resolve_draft, resolve_target
 from dflash_zoo.zoo.registry import (
@@ -140,6 +140,8 @@ def _field_rows(cls: type[TargetAdapter], tcfg: dict, d: DraftConfig) -> list[Ch
     out = []
     for name, detail in passes.items():  # stable order; a flagged check shows its problems instead
         flagged = [r for r in rows if r.check == name]
+        if not flagged and name == "mask id" and d.mask_token_id is None:  # an adapter that skipped it
+            flagged = [CheckRow(name, "WARN", MASK_UNKNOWN)]
         out += flagged or [CheckRow(name, "PASS", detail)]
     out += [r for r in rows if r.check not in passes]  # family-specific codes
     return out + [

@@ -73,8 +73,7 @@ def _target_config(
         if cached is not None:
             return _read_json(cached), f"hf cache {name}"
     if entry is not None:
-        t = entry.target
-        return asdict(t), f"registry {entry.slug} (target fingerprint)"
+        return registry_config(entry), f"registry {entry.slug} (target fingerprint)"
     if not REPO_ID.match(name):
         reg.resolve(name)  # raises NotFoundError with the nearest registry names
     if offline:
@@ -202,6 +201,20 @@ def fingerprint(cfg: dict, cls: type[TargetAdapter]) -> TargetFingerprint:
     if missing:
         raise ConfigError(f"target config lacks {', '.join(missing)}")
     return TargetFingerprint(str(cfg["model_type"]), **values)
+
+
+def registry_config(entry: Entry) -> dict[str, Any]:
+    """A config dict of the family's real shape from the registry's target fingerprint.
+
+    VLM wrappers (the adapter's decoder lives under `language_model`) nest the text shapes in `text_config`,
+    as their Hub config.json does, so family validators that require a `text_config` accept it.
+    """
+    t = entry.target
+    shapes = {k: v for k, v in asdict(t).items() if k != "model_type"}
+    cls = find_adapter(t.model_type)
+    if cls is not None and "language_model" in cls.layers_path:
+        return {"model_type": t.model_type, "text_config": shapes}
+    return {"model_type": t.model_type, **shapes}
 
 
 def _by_fingerprint(reg: Registry, fp: TargetFingerprint) -> tuple[Entry | None, str | None]:

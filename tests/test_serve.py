@@ -1,0 +1,167 @@
+"""`serve` for every registry entry and both engines, human and JSON, refusals, pins and engine versions.
+
+Engine versions are detected through importlib.metadata: tests give the CLI subprocess a fake installed
+distribution (a `*.dist-info/METADATA` on PYTHONPATH), never a mock of the detection.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dflash_zoo.cli import main
+from dflash_zoo.zoo import serve as sv
+from dflash_zoo.zoo.registry import load_registry
+
+ROOT = Path(__file__).resolve().parents[1]
+ENTRIES = [e.slug for e in load_registry()]
+REFUSED = {("minimax-m2.5", "sglang")}  # SGLang <= 0.5.23: no DFlash capture for minimax_m2
+UNKNOWN_BLOCK = {"minimax-m2.5"}
+SHA_D, SHA_T = "d" * 40, "e" * 40
+
+
+@pytest.fixture(autouse=True)
+def zoo_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path / "zoo"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU: tensor parallelism comes from the hint
+    monkeypatch.delenv("DFLASH_ZOO_REGISTRY", raising=False)
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    runner = CliRunner()
+    with runner.isolation() as (out, err, _):
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return code, out.getvalue().decode(), err.getvalue().decode()
+
+
+def serve(slug: str, engine: str, *more: str) -> tuple[int, str, str]:
+    extra = ("--block-size", "16") if slug in UNKNOWN_BLOCK else ()
+    return cli("serve", slug, "--engine", engine, "--dry-run", *extra, *more)
+
+
+@pytest.mark.parametrize("engine", sv.ENGINES)
+@pytest.mark.parametrize("slug", ENTRIES)
+def test_every_entry_and_engine(slug, engine):
+    entry = load_registry().resolve(slug)
+    code, out, err = serve(slug, engine, "--json")
+    human = serve(slug, engine)
+    if (slug, engine) in REFUSED:
+        assert code == 3 and human[0] == 3
+        assert "cannot serve" in err and "vllm" in err  # the reason and what would work
+        return
+    assert code == 0 and human[0] == 0, err
+    doc = json.loads(out)
+    argv = doc["argv"]
+    assert human[1].strip().endswith(doc["command"])  # human mode prints the same command
+    block = entry.draft.block_size or 16
+    if engine == "vllm":
+        config = json.loads(argv[argv.index("--speculative-config") + 1])
+        assert config["num_speculative_tokens"] == block - 1 and config["model"] == entry.draft_repo
+        assert config["attention_backend"] == "flash_attn"  # drafter backend inside the speculative config
+        forced = argv[argv.index("--attention-backend") + 1] if "--attention-backend" in argv else None
+        assert forced == ("triton_attn" if entry.adapter == "gemma4" else None)
+        assert doc["env"] == {}
+    else:
+        assert argv[argv.index("--speculative-num-draft-tokens") + 1] == str(block)
+        assert argv[argv.index("--speculative-algorithm") + 1] == "DFLASH"
+        assert doc["env"] == {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+        assert "--mamba-scheduler-strategy" not in argv and "--speculative-dflash-draft-window-size" not in argv
+    assert ("--trust-remote-code" in argv) == (entry.adapter == "kimi_k25")
+    assert doc["tensor_parallel"] == entry.tp_hint
+    assert ("--revision" in argv) is False  # nothing pinned: every revision is main
+
+
+def test_big_targets_get_tensor_parallel_hints():
+    code, out, _ = serve("kimi-k2.5", "vllm", "--json")
+    argv = json.loads(out)["argv"]
+    assert code == 0 and argv[argv.index("--tensor-parallel-size") + 1] == "8"
+    code, out, _ = serve("qwen3.5-122b-a10b", "sglang", "--json", "--tp", "2")
+    argv = json.loads(out)["argv"]
+    assert argv[argv.index("--tp-size") + 1] == "2"  # --tp overrides the hint
+
+
+def test_tensor_parallel_from_gpu_memory():
+    gib80, gib141 = 80 * 2**30, 141 * 2**30
+    assert sv.tensor_parallel_size(16 * 10**9, [gib80]) == 1
+    assert sv.tensor_parallel_size(244 * 10**9, [gib80] * 8) == 4
+    assert sv.tensor_parallel_size(244 * 10**9, [gib141] * 8) == 4  # 244 GB > 2 x 0.8 x 141 GiB
+    assert sv.tensor_parallel_size(160 * 10**9, [gib141] * 8) == 2
+    assert sv.tensor_parallel_size(2000 * 10**9, [gib80] * 4) == 4  # never more than the visible GPUs
+    assert sv.tensor_parallel_size(None, [], hint=8) == 8
+
+
+def test_minimax_without_block_size_is_a_clear_error():
+    code, _, err = cli("serve", "minimax-m2.5", "--engine", "vllm", "--dry-run")
+    assert code == 1 and "block size" in err and "--block-size" in err and "Traceback" not in err
+
+
+def test_pins_from_the_lock_file(tmp_path):
+    lock = {"qwen3-8b": {"draft_repo": "z-lab/Qwen3-8B-DFlash-b16", "draft_commit": SHA_D,
+                         "target_repo": "Qwen/Qwen3-8B", "target_commit": SHA_T}}  # fmt: skip
+    (tmp_path / "zoo").mkdir()
+    (tmp_path / "zoo" / "lock.json").write_text(json.dumps(lock))
+    argv = json.loads(serve("qwen3-8b", "vllm", "--json")[1])["argv"]
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["revision"] == SHA_D
+    assert argv[argv.index("--revision") + 1] == SHA_T
+    sg = json.loads(serve("qwen3-8b", "sglang", "--json")[1])["argv"]
+    assert sg[sg.index("--speculative-draft-model-revision") + 1] == SHA_D
+    assert sg[sg.index("--revision") + 1] == SHA_T
+    other = json.loads(serve("qwen3-8b", "vllm", "--json", "--target", "me/finetune")[1])["argv"]
+    assert "--revision" not in other  # a target pin never applies to another target
+
+
+def fake_engine(tmp_path: Path, dist: str, version: str) -> dict[str, str]:
+    site = tmp_path / "fake-site"
+    info = site / f"{dist}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    return os.environ | {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+
+
+def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-c", "from dflash_zoo.cli import main; main()", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "dist,version,code",
+    [("sglang", "0.5.10", 3), ("sglang", "0.5.11", 0), ("vllm", "0.20.0", 3), ("vllm", "0.33.0", 0)],
+)
+def test_installed_engine_version(tmp_path, dist, version, code):
+    run = run_cli(fake_engine(tmp_path, dist, version), "serve", "qwen3-8b", "--engine", dist, "--dry-run", "--json")
+    assert run.returncode == code, run.stderr
+    if code == 3:
+        assert f"{dist} {version} is installed" in run.stderr and "pip install -U" in run.stderr
+    else:
+        assert json.loads(run.stdout)["engine_installed"] == version
+
+
+def test_serve_does_not_import_torch():
+    code = "import sys; from dflash_zoo.cli import main\ntry: main(sys.argv[1:])\nexcept SystemExit: pass\n"
+    code += "assert 'torch' not in sys.modules, 'torch imported'"
+    for args in (["serve", "kimi-k2.5", "--engine", "vllm", "--dry-run"], ["list", "-q"],
+                 ["check", "--target", "qwen3.5-9b", "--offline"]):  # fmt: skip
+        run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, (args, run.stderr)
+
+
+def test_recipes_are_data():
+    assert sv.recipe_for("gemma4", "vllm").target_backend == "triton_attn"
+    assert sv.recipe_for("kimi_k25", "vllm").target_backend is None  # never force a backend onto MLA
+    assert sv.recipe_for("unknown_family", "sglang") == sv.recipe_for("qwen3", "sglang")
+    assert sv.version_tuple("0.5.11.post1") == (0, 5, 11) and sv.version_tuple("0.21.0rc1") == (0, 21, 0)
