@@ -12,7 +12,7 @@ from dflash_zoo import demo
 from dflash_zoo.bench import runner as B
 from dflash_zoo.cli import cli
 
-needs_demo = pytest.mark.skipif(not demo.available(), reason="demo pair not built (scripts/build_demo_pair.py)")
+needs_demo = pytest.mark.skipif(not demo.available(), reason="no demo pair (scripts/build_demo_pair.py)")
 
 
 @pytest.mark.parametrize("tau", [1.0, 2.5, 3.25, 6.5, 7.3, 16.0])
@@ -98,6 +98,8 @@ def test_bench_cli_writes_the_record(tmp_path, monkeypatch):
         "cpu",
         "--no-graphs",
         "--no-compile",
+        "--path",
+        "fast",
         "--json",
     ]
     result = CliRunner().invoke(cli, args)
@@ -114,7 +116,7 @@ def test_bench_cli_table_names_the_kernels(tmp_path, monkeypatch):
     """Without --json: the table on stdout; one-off costs and the fast path's kernels on stderr."""
     monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path))
     args = ["bench", "--shape", "tiny-qwen3", "--prompt-tokens", "6", "--new-tokens", "8", "--warmup", "0"]
-    args += ["--repeats", "1", "--device", "cpu", "--no-graphs", "--no-compile"]
+    args += ["--repeats", "1", "--device", "cpu", "--no-graphs", "--no-compile", "--path", "fast"]
     result = CliRunner().invoke(cli, args, env={"COLUMNS": "120", "NO_COLOR": "1"})
     assert result.exit_code == 0, result.output
     assert "autoregressive" in result.stdout and "dflash" in result.stdout
@@ -240,8 +242,11 @@ def test_bench_prompts_file_takes_evals_line_formats(tmp_path):
     from dflash_zoo.training.data import DataError
 
     data = tmp_path / "p.jsonl"
-    lines = [{"text": "import os\n\ndef walk(path):\n    for name in os.listdir(path):\n"},
-             {"prompt": "def add(a, b):"}, {"messages": [{"role": "user", "content": "class Stack:"}]}]  # fmt: skip
+    lines = [
+        {"text": "import os\n\ndef walk(path):\n    for name in os.listdir(path):\n"},
+        {"prompt": "def add(a, b):"},
+        {"messages": [{"role": "user", "content": "class Stack:"}]},
+    ]
     data.write_text("".join(json.dumps(x) + "\n" for x in lines))
     rec, result = _bench(tmp_path, "--prompts", str(data), "--raw", "-n", "4", "--repeats", "1", "--json")
     assert result.exit_code == 0, result.output
@@ -310,8 +315,9 @@ def test_bench_table_shows_the_spread_and_warns_when_wide(capsys):
                 "mean_acceptance_length": 1.0, "ttft_seconds": 0.01, "peak_memory_bytes": None,
                 "roofline_fraction": None}  # fmt: skip
 
-    record = {"kind": "measurement", "results": {"eager": {
-        "autoregressive": mode([100.0, 101.0, 102.0]), "dflash": mode([7.0, 21.0, 414.0]), "speedup": 0.2}}}  # fmt: skip
+    eager = {"autoregressive": mode([100.0, 101.0, 102.0]), "dflash": mode([7.0, 21.0, 414.0])}
+    eager["speedup"] = 0.2
+    record = {"kind": "measurement", "results": {"eager": eager}}
     bench_cmd._print_table(record)
     bench_cmd._warn_spread(record)
     out, err = capsys.readouterr()

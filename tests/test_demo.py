@@ -87,7 +87,8 @@ def test_env_prints_the_demo_pair_directories():
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     if demo.available():
-        assert report["demo_target"] == str(demo.target_dir()) and report["demo_draft"] == str(demo.draft_dir())
+        assert report["demo_target"] == str(demo.target_dir())
+        assert report["demo_draft"] == str(demo.draft_dir())
         assert (Path(report["demo_target"]) / "config.json").is_file()
         assert f"- demo_target: {demo.target_dir()}" in CliRunner().invoke(cli, ["env"]).stdout
     else:

@@ -308,3 +308,19 @@ def test_graphed_streaming_equals_the_result_on_gpu():
     pieces: list[list[int]] = []
     res = eng.speculative(list(range(3, 13)), GenerationConfig(max_new_tokens=30), on_tokens=pieces.append)
     assert [t for p in pieces for t in p] == res.output_ids and len(pieces) == len(res.steps) + 1
+
+
+def test_bench_measures_the_engine_generate_would_pick(tmp_path, monkeypatch):
+    import json
+
+    from click.testing import CliRunner
+
+    from dflash_zoo.cli import cli
+
+    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path))
+    args = ["bench", "--shape", "tiny-qwen3", "--prompt-tokens", "6", "--max-new-tokens", "8"]
+    args += ["--warmup", "0", "--repeats", "1", "--device", "cpu", "--json"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "engine: eager (auto: the fast engine runs on CUDA by default" in result.stderr
+    assert list(json.loads(result.stdout)["results"]) == ["eager"]

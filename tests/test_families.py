@@ -149,7 +149,7 @@ def test_kimi_head_is_forced_untied(tmp_path):
 
 
 def test_minimax_legacy_rotary_dim_becomes_partial_factor(tmp_path):
-    from adapters.minimax_m2 import fix_partial_rotary
+    from dflash_zoo.adapters.minimax_m2 import fix_partial_rotary
 
     model = tiny_target("minimax_m2", seed=0)
     model.config.rope_parameters = {"rope_type": "default", "rope_theta": 5000000.0}

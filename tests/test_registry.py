@@ -297,3 +297,40 @@ def test_corrupt_lock_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="lock.json") as err:
         read_lock()
     assert "delete" in err.value.hint
+
+
+# ---- pins, licences, gates, sizes -------------------------------------------------------------------
+
+
+def test_revisions_default_to_main_and_say_so(registry):
+    text = (Path(__file__).parents[1] / "registry.yaml").read_text()
+    for e in registry:
+        assert e.target_revision == "main" and e.draft_revision == "main"
+    assert text.count("no commit known") == len(registry)  # each entry says its "main" is not a pin
+    assert "/work/" not in text and "shared/reference" not in text  # no path outside the repo
+
+
+def test_big_targets_carry_tensor_parallel_hints(registry):
+    hinted = {e.slug for e in registry if e.tp_hint > 1}
+    assert hinted == {"kimi-k2.5", "qwen3.5-122b-a10b", "minimax-m2.5", "qwen3-coder-next"}
+    assert all(e.target_params_b for e in registry)
+    assert registry.resolve("minimax-m2.5").shape_from == "MiniMaxAI/MiniMax-M2"
+    assert registry.resolve("qwen3.6-27b").draft_gated is True and registry.resolve("qwen3.6-27b").gated
+    assert registry.resolve("qwen3.5-9b").mask_token_ids_seen == {"older upload (5 layers)": 248070}
+
+
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("target", {"revision": ""}, "target.revision"),
+        ("target", {"tp_hint": 0}, "target.tp_hint"),
+        ("target", {"params_b": -3}, "target.params_b"),
+        ("draft", {"mask_token_ids_seen": {"old": 999999}}, "mask_token_ids_seen"),
+        ("draft", {"license": 3}, "draft.license"),
+    ],
+)
+def test_new_fields_are_validated(tmp_path, field, value, message):
+    raw = entry_dict()
+    raw[field] = {**raw[field], **value}
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        load_registry(write_extra(tmp_path, raw))

@@ -1,4 +1,4 @@
-"""Prompt sets for `bench`: the demo pair's held-out stdlib files, a JSONL file, and the result of a whole set.
+"""Prompt sets for `bench`: the demo pair's held-out stdlib files or a JSONL file, and a whole set's result.
 
 The demo target was trained on Python 3.12.3's standard library minus the files whose sha1(relative path) is
 0 mod 20 (`HELD_OUT`, dflash_zoo/demo/PROVENANCE.md). Those files ship with every Python, so `bench` on the

@@ -147,7 +147,7 @@ def bench(
     if shape and shape not in B.SHAPES:
         raise click.UsageError(f"unknown shape {shape!r}; known: {', '.join(B.SHAPES)}")
     if shape and (prompts_file or raw or limit):
-        raise click.UsageError("--shape builds a random target without a tokenizer: no --prompts, --raw, --limit")
+        raise click.UsageError("--shape has no tokenizer: drop --prompts, --raw and --limit")
     record_path = out or benchmeta.default_out(shape or entry or target or "demo")
     _check_record_location(record_path, explicit=out is not None)
     # inputs before any model: a missing or malformed prompt file fails here
@@ -194,7 +194,8 @@ def _lengths(prompt_set: bool, prompt_tokens: int | None, new_tokens: int | None
     """Defaults: eval's (32 / 256) for a prompt set, 512 / 512 for one fixed or random prompt."""
     from dflash_zoo.bench import prompts
 
-    pt, nt = (prompts.PROMPT_TOKENS, prompts.NEW_TOKENS) if prompt_set else (FIXED_PROMPT_TOKENS, FIXED_NEW_TOKENS)
+    fixed = (FIXED_PROMPT_TOKENS, FIXED_NEW_TOKENS)
+    pt, nt = (prompts.PROMPT_TOKENS, prompts.NEW_TOKENS) if prompt_set else fixed
     return {"prompt_tokens": prompt_tokens or pt, "new_tokens": new_tokens or nt}
 
 
