@@ -17,7 +17,7 @@ class OracleDecoder(SpeculativeDecoder):
         super().__init__(*args, **kw)
         self.reference, self.error_rate, self.rng = reference, error_rate, random.Random(seed)
 
-    def _draft(self, bonus, feats, dkv, pos, b, picker):
+    def _draft(self, bonus, feats, dkv, pos, b, gen):
         start = pos - len(self.prompt) + 1  # output index of the first draft slot
         drafts = list(self.reference[start : start + b - 1])
         drafts += [0] * (b - 1 - len(drafts))

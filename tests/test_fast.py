@@ -162,7 +162,7 @@ def test_unsupported_pairs_are_named():
     assert "sliding_attention layers" in unsupported_reason(windowed)
     adapter, drafter = _pair("qwen3")
     assert unsupported_reason(adapter) is None
-    assert "greedy" in unsupported_reason(adapter, GenerationConfig(temperature=0.7))
+    assert unsupported_reason(adapter, graphs=True) is None  # sampling or not: never a reason
     with pytest.raises(ValueError):
         FastEngine(hybrid, drafter, MASK, max_len=64)
 

@@ -27,7 +27,7 @@ def pair():
 class StubbornDecoder(SpeculativeDecoder):
     """Always proposes token 0 with certainty (q = one-hot): accepting blindly would force 0s."""
 
-    def _draft(self, bonus, feats, dkv, pos, b, picker):
+    def _draft(self, bonus, feats, dkv, pos, b, gen):
         q = torch.zeros(b - 1, V)
         q[:, 0] = 1.0
         return torch.zeros(b - 1, dtype=torch.long), q

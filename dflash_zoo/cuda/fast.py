@@ -1,14 +1,20 @@
-"""Fast decode path: static KV buffers, fixed-shape steps, one CUDA graph per step (decode.py stays the reference).
+"""The fast engine: static KV buffers, fixed-shape steps, one CUDA graph per step and decoding mode.
 
-What differs from the eager loop (`decode.SpeculativeDecoder`), and why:
+It implements the same `Engine` interface as the eager engine (`engine/decode.py`), with the same stop,
+truncation and step bookkeeping (`engine/run.py`) and the same acceptance rules (`engine/sampling.py`).
+What differs from the eager loop, and why:
 - the target runs through an own forward over its HF modules (norms, projections, MLP, rotary embedding)
   with pre-allocated K/V buffers, so a step has fixed shapes; rollback is only a position counter: rejected
   rows stay in the buffer, hidden by the mask, and the next verify overwrites them;
 - the drafter keeps its context K/V in a static buffer too; the block's own K/V are written just past the
   context (scratch that the next context append overwrites), so nothing is concatenated per step;
 - one step = draft a block + verify it + accept + append the verified rows' features to the drafter context,
-  all on device with tensor positions, captured as one CUDA graph; the host reads back `na` and the tokens
-  once per step (the only sync); taps are written straight into one [1, B, K*H] buffer;
+  all on device with tensor positions, captured as one CUDA graph per decoding mode (greedy, or sampling with
+  its settings: random numbers come from the engine's generator, registered with each graph); the host reads
+  back `na` and the tokens once per step (the only sync), which is also when they stream to the caller; taps
+  are written straight into one [1, B, K*H] buffer;
+- the whole block is always drafted and verified; near `max_new_tokens` only the slots that can still be
+  committed count (`run.verify_width`), so steps match the eager engine's;
 - the drafter always sees the full B verified rows; only the first na + 1 get valid positions below the new
   context length, the rest are masked and overwritten (no variable shapes).
 - fewer kernels per step (static.py): fused q/k/v and gate/up weights, `F.rms_norm`, and optionally
@@ -17,9 +23,10 @@ What differs from the eager loop (`decode.SpeculativeDecoder`), and why:
   attention of every step and the one-row o/down projections run our Triton kernels (kernels.py), measured
   fastest compiled or not, and so, uncompiled, does the elementwise work between GEMMs (fused_ops.py);
   without triton, compiled one-row steps use explicit sums over key chunks.
-Scope: greedy decoding, batch 1, full-attention targets whose adapter sets `static_layout` (dense, or sparse MoE
-blocks whose experts implementation does not sync with the host when graphs are on). Everything else uses decode.py.
-On CPU the same static path runs without graphs; tests compare it token for token with decode.py (fp32).
+Scope: batch 1, greedy or sampling, full-attention targets whose adapter declares a `static_layout` (dense, or
+sparse MoE blocks whose experts implementation does not sync with the host when graphs are on); `engine/select.py`
+sends everything else to the eager engine. `cuda/graphs.py` runs, compiles and captures the steps. On CPU the
+same static steps run without graphs; tests compare them token for token with the eager engine (fp32).
 """
 
 from __future__ import annotations

@@ -29,22 +29,20 @@ from torch import nn
 
 from dflash_zoo.cuda import fused_ops, kernels
 from dflash_zoo.cuda.layout import graph_unsafe_reason, layout_reason, resolve
-from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.engine.rope import apply_rotary
 
 if TYPE_CHECKING:
     from dflash_zoo.adapters.base import TargetAdapter
 
 
-def unsupported_reason(
-    adapter: TargetAdapter, cfg: GenerationConfig | None = None, graphs: bool = False
-) -> str | None:
-    """Why the fast path cannot run this pair (None: it can); `graphs`: its steps are to be CUDA graphs."""
+def unsupported_reason(adapter: TargetAdapter, graphs: bool = False) -> str | None:
+    """Why the fast engine cannot run this target (None: it can); `graphs`: its steps are to be CUDA graphs.
+
+    Decoding modes never decide it: greedy and sampling run the same captured steps.
+    """
     reason = layout_reason(adapter)  # no declared static layout, or layer types it does not cover
     if reason:
         return reason
-    if cfg is not None and not cfg.greedy:
-        return "the fast path is greedy only"
     return graph_unsafe_reason(adapter) if graphs else None
 
 
