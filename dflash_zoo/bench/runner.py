@@ -7,6 +7,8 @@ Reported per path and mode: tok/s (median over repeats), speedup, mean acceptanc
 first token, peak GPU memory, and the fraction of the bandwidth roofline (streamed weight bytes over a device
 copy bandwidth measured in the same run). `what_if_acceptance` forces the accept decision to a schedule with
 exactly that mean (target and drafter still run for real): such records are labelled "projection".
+
+Longer than the ~300 lines we aim for: subjects, schedules, measurement and the record schema of one benchmark, read together.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ or exact Hub repo ids, which always act on that repo, even when it is some entry
 says which repos it touches before touching them. `resolve` (registry first, for any name) is kept for
 `serve`. Data goes to stdout (paths, tables, byte counts, JSON); progress and hints go to stderr. Torch is
 imported only by `env`, lazily.
+
+Longer than the ~300 lines we aim for: `pull`, `rm` and `env` share name resolution and their human and JSON reports.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ Rules (docs/multi-gpu.md):
 - forward pre-hooks (never patches) on the embedding (and the other stem modules next to the layers), each
   decoder layer, the final norm and the head move the incoming tensors (ids, hidden states, masks, position ids, (cos, sin) tuples) to the module's device; the
   cache object passes through, since each `DynamicCache` layer allocates on the device of its first keys.
+
+Longer than the ~300 lines we aim for: planning, applying and checking a placement are one algorithm, kept in one reading.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ Fewer kernels per layer (each costs ~2.5 us inside a graph on an H200, docs/perf
 - `"split"` attention and `gemv=True`: the Triton kernels of kernels.py (split-KV attention for any step, a
   split-K GEMV for one-row o and down projections); `fused_ops=True`: those of fused_ops.py (q/k norm + rotary +
   K/V write, RMSNorm with its weight, SiLU-gated product: one kernel each).
+
+Longer than the ~300 lines we aim for: the static target and drafter forwards share their attention, norm and projection helpers.
 """
 
 from __future__ import annotations

@@ -28,6 +28,8 @@ from dflash_zoo.errors import CheckpointError, NotFoundError, looks_like_path, m
 log = logging.getLogger("dflash_zoo")
 
 DRAFT_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json"]
+# what a target needs: configs, weights, tokenizer files and chat templates
+TARGET_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
 
 
 def resolve_dir(

@@ -15,6 +15,8 @@ value is exactly zero and the drafter sees only its block (it still loads and ru
 
 Multi-GPU: launched under `torchrun`, each rank takes every world-th sequence and the drafter is wrapped in
 DDP; rank 0 writes checkpoints and the output.
+
+Longer than the ~300 lines we aim for: the training step, the loop, checkpoint resume and distributed setup of one recipe.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ Pulling is two steps: `plan_pull` (one revision lookup: files, sizes, hashes, co
 sha256 / git blob id before it enters `blobs/`, and interrupted transfers resume across processes). The
 snapshot links are made only after every file verified, so a failed pull adds nothing to the snapshot.
 `verify` re-hashes cached files. Free-space and writability checks are in `storage`; removal in `removal`.
+
+Longer than the ~300 lines we aim for: planning, offline resolution and the verified download path of the Hub client share their types.
 """
 
 from __future__ import annotations

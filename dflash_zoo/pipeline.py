@@ -1,0 +1,202 @@
+"""`Pipeline`: a loaded target + drafter pair, whose every entry point runs through one engine interface.
+
+`generate`, `stream`, `chat`, `generate_autoregressive` and `generation` encode the prompt, ask
+`engine/select.py` for the engine (`last_choice` says which and why) and run it; the CLI, `eval` and the Python
+API all go through here. Build one with `dflash_zoo.load(...)` (`loading.py`).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dflash_zoo.adapters import get_adapter
+from dflash_zoo.engine.checkpoint import TARGET_FILES, resolve_dir
+from dflash_zoo.engine.decode import EagerEngine
+from dflash_zoo.engine.drafter import DFlashDrafter
+from dflash_zoo.engine.results import GenerationConfig, GenerationResult, fit_to_positions, target_positions
+from dflash_zoo.engine.run import AcceptOverride, Engine, Generation
+from dflash_zoo.engine.select import EngineChoice, EngineOptions, choose_engine
+from dflash_zoo.errors import ConfigError
+
+log = logging.getLogger("dflash_zoo")
+
+
+class TextStream:
+    """Incremental detokenisation: feed committed ids, get the new text (held back mid-character)."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer, self.ids, self.sent = tokenizer, [], 0
+
+    def push(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        self.ids += ids
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the next tokens
+            return ""
+        new, self.sent = text[self.sent :], len(text)
+        return new
+
+
+@dataclass
+class Pipeline:
+    """A loaded target + drafter pair. Build with `load(...)`."""
+
+    model: Any
+    drafter: DFlashDrafter
+    tokenizer: Any = None
+    stop_token_ids: tuple[int, ...] = ()
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    mask_token_id: int = 0
+    adapter: Any = None
+    options: EngineOptions = EngineOptions()  # which engine runs (`engine/select.py`), compiled or not
+    placement: Any = None  # a `placement.Placement` when the target is split across devices (eager engine)
+    processor_source: str | None = None  # where AutoProcessor loads from, for image prompts
+    last_choice: EngineChoice | None = None  # the engine the last generation ran on, and why
+    _engines: dict[str, Engine] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.adapter is None:
+            self.adapter = get_adapter(self.model.config.model_type)(self.model)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.drafter.parameters()).device
+
+    def encode(self, prompt: str | list[int] | list[dict], raw: bool = False) -> list[int]:
+        """Token ids for a prompt: ids as given; text raw or through the chat template; or a message list."""
+        if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):
+            return list(prompt)
+        if self.tokenizer is None:
+            raise ConfigError("this target has no tokenizer; pass token ids instead of text")
+        template = getattr(self.tokenizer, "chat_template", None)
+        if isinstance(prompt, str) and (raw or not template):
+            return self.tokenizer.encode(prompt)
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
+        )
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def config(self, **kw: Any) -> GenerationConfig:
+        """A validated `GenerationConfig`; `stop_token_ids=None` means the pair's defaults, `[]` none at all."""
+        stops = kw.pop("stop_token_ids", None)
+        stops = self.stop_token_ids if stops is None else tuple(stops)
+        return GenerationConfig(stop_token_ids=stops, **kw).validated(self.drafter.cfg.block_size)
+
+    def engine(self, cfg: GenerationConfig, prompt_tokens: int, images: bool = False) -> Engine:
+        """The engine for one generation (`engine/select.py` decides; `last_choice` says which and why)."""
+        choice = choose_engine(
+            self.adapter, self.device, self.options, split=self.placement is not None, prefill_inputs=images
+        )
+        if not choice.fast and self.options.fast:
+            log.warning("%s; using the eager engine", choice.reason)
+        if choice != self.last_choice:
+            log.info("engine: %s (%s)", choice.name, choice.reason)
+        self.last_choice = choice
+        if not choice.fast:
+            if "eager" not in self._engines:
+                self._engines["eager"] = EagerEngine(self.adapter, self.drafter, self.mask_token_id)
+            return self._engines["eager"]
+        return self._fast_engine(cfg, prompt_tokens + cfg.max_new_tokens)
+
+    def _fast_engine(self, cfg: GenerationConfig, need: int) -> Engine:
+        """The static engine for this block size, rebuilt when a longer generation or other options need it."""
+        key = f"fast-b{cfg.block_size}"
+        eng = self._engines.get(key)
+        if eng is None or eng.max_len < need or eng.compile != self.options.compile:
+            for stale in [k for k in self._engines if k.startswith("fast")]:
+                del self._engines[stale]  # an engine is a reference cycle (its step table): free buffers now
+            gc.collect()
+            from dflash_zoo.cuda.fast import FastEngine
+
+            eng = FastEngine(
+                self.adapter,
+                self.drafter,
+                self.mask_token_id,
+                max(need, 2048),
+                block_size=cfg.block_size,
+                compile=self.options.compile,
+            )
+            self._engines[key] = eng
+        return eng
+
+    def generation(
+        self,
+        prompt: Any,
+        raw: bool = False,
+        images: list[str] | None = None,
+        speculative: bool = True,
+        accept_override: AcceptOverride | None = None,
+        **kw: Any,
+    ) -> Generation:
+        """One generation to iterate (each item: the tokens one step committed); `images` (file paths) go to a
+        VLM target's prefill only. `kw` are `GenerationConfig` fields (max_new_tokens, temperature, ...)."""
+        cfg = self.config(**kw)
+        ids, prefill = (self.encode(prompt, raw), None) if not images else self._image_inputs(prompt, images)
+        cfg = fit_to_positions(cfg, len(ids), target_positions(self.model.config))  # refuse / cap, one line
+        engine = self.engine(cfg, len(ids), images=bool(images))
+        return engine.start(
+            ids, cfg, speculative=speculative, accept_override=accept_override, prefill_inputs=prefill
+        )
+
+    def _image_inputs(self, prompt: Any, images: list[str]) -> tuple[list[int], dict[str, Any]]:
+        from dflash_zoo.engine.vision import image_prompt_inputs, require_image_support
+
+        require_image_support(self.adapter)
+        if not isinstance(prompt, str) or self.processor_source is None:
+            raise ConfigError(
+                "image prompts need a text prompt and a target loaded from a directory or Hub id"
+            )
+        from transformers import AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(resolve_dir(self.processor_source, None, TARGET_FILES))
+        return image_prompt_inputs(processor, prompt, images, self.chat_template_kwargs)
+
+    def generate(
+        self, prompt: Any, raw: bool = False, on_text: Callable[[str], None] | None = None, **kw: Any
+    ) -> GenerationResult:
+        """Speculative generation; `on_text` receives the text as each step commits it (streaming)."""
+        return self._finish(self.generation(prompt, raw, **kw), on_text)
+
+    def chat(
+        self, messages: list[dict], on_text: Callable[[str], None] | None = None, **kw: Any
+    ) -> GenerationResult:
+        """The assistant's next turn for `messages` ([{"role": ..., "content": ...}]), through the chat template."""
+        return self.generate(messages, on_text=on_text, **kw)
+
+    def stream(self, prompt: Any, raw: bool = False, **kw: Any) -> Iterator[str]:
+        """Yield text as tokens are committed."""
+        stream = TextStream(self.tokenizer)
+        for ids in self.generation(prompt, raw, **kw):
+            text = stream.push(ids)
+            if text:
+                yield text
+
+    def generate_autoregressive(
+        self, prompt: Any, raw: bool = False, on_text: Callable[[str], None] | None = None, **kw: Any
+    ) -> GenerationResult:
+        """The target alone, one token per forward (the baseline for speedups).
+
+        Runs on the engine `generate` would take, so a speedup compares DFlash with autoregressive decoding on
+        equal footing.
+        """
+        return self._finish(self.generation(prompt, raw, speculative=False, **kw), on_text)
+
+    def _finish(self, gen: Generation, on_text: Callable[[str], None] | None) -> GenerationResult:
+        stream = TextStream(self.tokenizer)
+        for ids in gen:
+            text = stream.push(ids) if on_text is not None else ""
+            if text:
+                on_text(text)
+        gen.result.text = self._decode(gen.result.output_ids)
+        return gen.result
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
