@@ -235,5 +235,5 @@ def test_corrupted_file_and_pickle_only_checkpoints_are_refused(tmp_path, drafte
 
 
 def test_unknown_path_is_a_clear_error(tmp_path):
-    with pytest.raises(NotFoundError, match="neither a local directory nor a Hub repo id"):
+    with pytest.raises(NotFoundError, match="no such directory"):
         load_drafter(tmp_path / "does-not-exist")

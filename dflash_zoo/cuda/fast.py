@@ -197,21 +197,24 @@ class FastEngine(Engine):
         self.steps.run((name, sampler), lambda: partial(fn, sampler))
 
     # ---- whole generations ---------------------------------------------------------------------------
-    def start(
-        self,
-        prompt_ids: list[int],
-        cfg: GenerationConfig,
-        *,
-        speculative: bool = True,
-        accept_override: AcceptOverride | None = None,
-        prefill_inputs: dict[str, Any] | None = None,
-    ) -> Generation:
+    def _speculative(self, prompt_ids, cfg, accept_override, prefill_inputs) -> Generation:
         if prefill_inputs:
             raise ValueError("the fast engine takes token prompts only (image inputs run on the eager engine)")
+        cfg = self._fit(prompt_ids, cfg)
+        run = Run(cfg, len(prompt_ids), GREEDY_RULE if cfg.greedy else SAMPLING_RULE, self.block)
+        return Generation(run, self._spec_steps(prompt_ids, run, accept_override))
+
+    def _autoregressive(self, prompt_ids, cfg) -> Generation:
+        cfg = self._fit(prompt_ids, cfg)
+        run = Run(cfg, len(prompt_ids), AR_RULE)
+        return Generation(run, self._ar_steps(prompt_ids, run))
+
+    def _fit(self, prompt_ids: list[int], cfg: GenerationConfig) -> GenerationConfig:
+        """The validated config, checked against this engine's block and buffers; seeds the generator."""
         cfg = cfg.validated(self.block)
         if cfg.block_size != self.block:
             raise ValueError(f"this engine verifies blocks of {self.block}, not {cfg.block_size}")
-        if not prompt_ids or len(prompt_ids) + cfg.max_new_tokens + self.block > self.size:
+        if len(prompt_ids) + cfg.max_new_tokens + self.block > self.size:
             raise ValueError(
                 f"{len(prompt_ids)} prompt + {cfg.max_new_tokens} new tokens do not fit this engine "
                 f"(max_len {self.max_len})"
@@ -220,12 +223,7 @@ class FastEngine(Engine):
             self.gen.manual_seed(cfg.seed)
         elif not cfg.greedy:
             self.gen.seed()  # a fresh seed for this engine's generator alone
-        if not speculative:
-            run = Run(cfg, len(prompt_ids), AR_RULE)
-            return Generation(run, self._ar_steps(prompt_ids, run))
-        rule = GREEDY_RULE if cfg.greedy else SAMPLING_RULE
-        run = Run(cfg, len(prompt_ids), rule, self.block)
-        return Generation(run, self._spec_steps(prompt_ids, run, accept_override))
+        return cfg
 
     def _prefill(self, prompt_ids: list[int], taps: bool, sampler: Sampler) -> int:
         ids = torch.tensor([prompt_ids], device=self.device)

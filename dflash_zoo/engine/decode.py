@@ -141,21 +141,14 @@ class EagerEngine(Engine):
     def __init__(self, adapter: TargetAdapter, drafter: DFlashDrafter, mask_token_id: int):
         self.adapter, self.drafter, self.mask_token_id = adapter, drafter, mask_token_id
 
-    def start(
-        self,
-        prompt_ids: list[int],
-        cfg: GenerationConfig,
-        *,
-        speculative: bool = True,
-        accept_override: AcceptOverride | None = None,
-        prefill_inputs: dict[str, Any] | None = None,
-    ) -> Generation:
-        if not speculative:
-            cfg = cfg.validated(self.drafter.cfg.block_size)
-            return _Autoregressive(self.adapter, prompt_ids, cfg, next(self.drafter.parameters()).device)
+    def _speculative(self, prompt_ids, cfg, accept_override, prefill_inputs) -> Generation:
         return SpeculativeDecoder(
             self.adapter, self.drafter, prompt_ids, cfg, self.mask_token_id, accept_override, prefill_inputs
         )
+
+    def _autoregressive(self, prompt_ids, cfg) -> Generation:
+        cfg = cfg.validated(self.drafter.cfg.block_size)
+        return _Autoregressive(self.adapter, prompt_ids, cfg, next(self.drafter.parameters()).device)
 
 
 def speculative_generate(

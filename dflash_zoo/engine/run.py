@@ -125,7 +125,6 @@ class Engine(ABC):
 
     name: ClassVar[str]
 
-    @abstractmethod
     def start(
         self,
         prompt_ids: list[int],
@@ -136,6 +135,23 @@ class Engine(ABC):
         prefill_inputs: dict[str, Any] | None = None,
     ) -> Generation:
         """A generation to iterate; `speculative=False` is the target alone (the baseline)."""
+        if not prompt_ids:
+            raise ValueError("prompt must contain at least one token")
+        if not speculative:
+            return self._autoregressive(list(prompt_ids), cfg)
+        return self._speculative(list(prompt_ids), cfg, accept_override, prefill_inputs or {})
+
+    @abstractmethod
+    def _speculative(
+        self,
+        prompt_ids: list[int],
+        cfg: GenerationConfig,
+        accept_override: AcceptOverride | None,
+        prefill_inputs: dict[str, Any],
+    ) -> Generation: ...
+
+    @abstractmethod
+    def _autoregressive(self, prompt_ids: list[int], cfg: GenerationConfig) -> Generation: ...
 
     def speculative(
         self,

@@ -31,6 +31,7 @@ from dflash_zoo.zoo.registry import (
     load_registry,
     read_lock,
 )
+from dflash_zoo.zoo.serve import version_tuple
 
 _FIELD_ROWS = {"hidden_size": "hidden size", "taps": "taps", "num_target_layers": "taps"}
 _FIELD_ROWS.update({"mask_token_id": "mask id", "vocab_size": "vocab"})
@@ -111,7 +112,7 @@ def _adapter_rows(model_type: str, cls: type[TargetAdapter] | None) -> list[Chec
     if installed is None:
         rows.append(CheckRow("transformers", "FAIL", f"not installed; needs >= {cls.min_transformers}"))
     else:
-        ok = _version(installed) >= _version(cls.min_transformers)
+        ok = version_tuple(installed) >= version_tuple(cls.min_transformers)
         rows.append(
             CheckRow(
                 "transformers", "PASS" if ok else "FAIL", f"{installed} (needs >= {cls.min_transformers})"
@@ -237,13 +238,3 @@ def _installed(dist: str) -> str | None:
     except metadata.PackageNotFoundError:
         return None
 
-
-def _version(text: str) -> tuple[int, ...]:
-    """Leading numeric release parts: "5.24.0.dev0" -> (5, 24, 0)."""
-    parts = []
-    for piece in text.split("."):
-        digits = re.match(r"\d+", piece)
-        if not digits:
-            break
-        parts.append(int(digits.group()))
-    return tuple(parts)
