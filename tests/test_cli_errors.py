@@ -12,9 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from dflash_zoo.cli import main
+from tests.cli_runner import run_cli as invoke
 from tests.readonly import cli as cli_argv
 from tests.readonly import run_readonly
 from tests.tiny import save_tiny_pair
@@ -26,20 +25,6 @@ REPORT_IT = "report it"
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     return save_tiny_pair(tmp_path_factory.mktemp("pair"))
-
-
-def invoke(*args: str) -> tuple[int, str, str]:
-    """`dflash-zoo ARGS` through `cli.main` (error mapping and exit codes included)."""
-    runner = CliRunner()
-    with runner.isolation() as (out, err, _):
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        return code, out.getvalue().decode(), err.getvalue().decode()
 
 
 def assert_one_line(err: str, *needles: str) -> None:

@@ -3,40 +3,16 @@
 from __future__ import annotations
 
 import json
-import sys
-from dataclasses import dataclass
 
 import pytest
-from click.testing import CliRunner
 
-from dflash_zoo.cli import main
 from dflash_zoo.zoo import hub as zh
 from dflash_zoo.zoo.serve import ServeSpec, sglang_command, vllm_command
+from tests.cli_runner import run_cli as cli
 from tests.hubserver import DRAFT_FILES, DRAFT_REPO, TARGET_REPO
 
 pytest_plugins = ["tests.hub_fixtures"]  # fixtures: hub, hub_env, zoo_registry, offline_env
 DRAFT_BYTES = sum(len(d) for d in DRAFT_FILES.values())
-
-
-@dataclass
-class Run:
-    code: int
-    stdout: str
-    stderr: str
-
-
-def cli(*args: str, stdin: str | None = None) -> Run:
-    """Run `dflash-zoo ARGS` in-process through `main` (exit codes and error mapping included)."""
-    runner = CliRunner()
-    with runner.isolation(input=stdin) as (out, err, _):
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        return Run(code, out.getvalue().decode(), err.getvalue().decode())
 
 
 def test_pull_entry_prints_path_and_writes_lock(zoo_registry, hub_env):

@@ -13,11 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from dflash_zoo.cli import main
 from dflash_zoo.zoo import serve as sv
 from dflash_zoo.zoo.registry import load_registry
+from tests.cli_runner import run_cli as cli
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRIES = [e.slug for e in load_registry()]
@@ -34,19 +33,6 @@ def zoo_env(tmp_path, monkeypatch):
     monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path / "zoo"))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU: tensor parallelism comes from the hint
     monkeypatch.delenv("DFLASH_ZOO_REGISTRY", raising=False)
-
-
-def cli(*args: str) -> tuple[int, str, str]:
-    runner = CliRunner()
-    with runner.isolation() as (out, err, _):
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        return code, out.getvalue().decode(), err.getvalue().decode()
 
 
 def serve(slug: str, engine: str, *more: str) -> tuple[int, str, str]:
