@@ -59,3 +59,14 @@ def qwen3_target():
 @pytest.fixture
 def qwen3_drafter(qwen3_target):
     return tiny_drafter(qwen3_target, seed=1)
+
+
+@pytest.fixture
+def offline_zoo_home(tmp_path, monkeypatch):
+    """Offline, with the HF cache and the zoo's home under `tmp_path` and no extra registry file."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path / "zoo"))
+    monkeypatch.delenv("DFLASH_ZOO_REGISTRY", raising=False)
+    return tmp_path

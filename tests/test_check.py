@@ -52,13 +52,7 @@ def cache_repo(repo: str, config: dict, commit: str = SHA, ref: str | None = "ma
         (root / "refs" / ref).write_text(commit)
 
 
-@pytest.fixture(autouse=True)
-def zoo_env(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path / "zoo"))
-    monkeypatch.delenv("DFLASH_ZOO_REGISTRY", raising=False)
+pytestmark = pytest.mark.usefixtures("offline_zoo_home")
 
 
 # ---- known-good pairs -----------------------------------------------------------------------------

@@ -47,13 +47,7 @@ def write_extra(tmp_path: Path, *entries: dict) -> Path:
     return path
 
 
-@pytest.fixture(autouse=True)
-def zoo_env(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path / "zoo"))
-    monkeypatch.delenv("DFLASH_ZOO_REGISTRY", raising=False)
+pytestmark = pytest.mark.usefixtures("offline_zoo_home")
 
 
 @pytest.fixture(scope="module")

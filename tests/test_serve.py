@@ -26,13 +26,8 @@ SHA_D, SHA_T = "d" * 40, "e" * 40
 
 
 @pytest.fixture(autouse=True)
-def zoo_env(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
-    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path / "zoo"))
+def zoo_env(offline_zoo_home, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU: tensor parallelism comes from the hint
-    monkeypatch.delenv("DFLASH_ZOO_REGISTRY", raising=False)
 
 
 def serve(slug: str, engine: str, *more: str) -> tuple[int, str, str]:

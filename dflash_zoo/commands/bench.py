@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from dflash_zoo.commands.run import devices_option
+from dflash_zoo.commands.run import devices_option, top_k_option, top_p_option
 from dflash_zoo.errors import ZooError
 from dflash_zoo.output import emit_json, human_size, info, print_table, table
 
@@ -97,7 +97,7 @@ FIXED_PROMPT_TOKENS, FIXED_NEW_TOKENS = 512, 512  # one fixed prompt (or a rando
     "paths",
     multiple=True,
     type=click.Choice(["eager", "fast"]),
-    help="Decode path(s) to measure (default: fast where supported, else eager).",
+    help="Engine(s) to measure (default: the one `generate` would pick here).",
 )
 @click.option(
     "--temperature",
@@ -106,8 +106,8 @@ FIXED_PROMPT_TOKENS, FIXED_NEW_TOKENS = 512, 512  # one fixed prompt (or a rando
     show_default=True,
     help="0 = greedy; > 0 measures speculative sampling (seeded by --seed).",
 )
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
-@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
+@top_p_option
+@top_k_option
 @click.option("--seed", type=int, default=0, show_default=True, help="Random prompt and sampling seed.")
 @click.option(
     "--what-if-acceptance",

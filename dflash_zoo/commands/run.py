@@ -49,13 +49,17 @@ def model_options(f):
             "compile_steps",
             default=False,
             show_default=True,
-            help="torch.compile the CUDA fast path's steps: a one-time compile (~4 min for an 8B target) "
-            "for 1.3-1.4x more tok/s (8B); worth it for chat or eval, not for one short prompt.",
+            help="torch.compile the CUDA fast engine's steps: a one-time compile (~3 min for an 8B target); "
+            "with the default Triton kernels it measured no faster on an 8B shape (docs/performance.md).",
         ),
     ]
     for opt in reversed(opts):
         f = opt(f)
     return f
+
+
+top_p_option = click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
+top_k_option = click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
 
 
 def decoding_options(f):
@@ -68,8 +72,8 @@ def decoding_options(f):
             show_default=True,
             help="0 = greedy (lossless).",
         ),
-        click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True),
-        click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off."),
+        top_p_option,
+        top_k_option,
         click.option(
             "--block-size",
             type=click.IntRange(min=2),

@@ -52,7 +52,7 @@ from dflash_zoo.engine.decode import AR_RULE, sampler_of
 from dflash_zoo.engine.drafter import DFlashDrafter
 from dflash_zoo.engine.results import GREEDY_RULE, SAMPLING_RULE, GenerationConfig
 from dflash_zoo.engine.run import AcceptOverride, Engine, Generation, Run, verify_width
-from dflash_zoo.engine.sampling import Sampler
+from dflash_zoo.engine.sampling import Sampler, seed_generator
 
 if TYPE_CHECKING:
     from dflash_zoo.adapters.base import TargetAdapter
@@ -219,10 +219,8 @@ class FastEngine(Engine):
                 f"{len(prompt_ids)} prompt + {cfg.max_new_tokens} new tokens do not fit this engine "
                 f"(max_len {self.max_len})"
             )
-        if cfg.seed is not None:
-            self.gen.manual_seed(cfg.seed)
-        elif not cfg.greedy:
-            self.gen.seed()  # a fresh seed for this engine's generator alone
+        if not cfg.greedy:  # greedy steps draw no random numbers
+            seed_generator(self.gen, cfg.seed)
         return cfg
 
     def _prefill(self, prompt_ids: list[int], taps: bool, sampler: Sampler) -> int:
@@ -253,7 +251,8 @@ class FastEngine(Engine):
                 host.copy_(self.out, non_blocking=True)
                 if self.device.type == "cuda":
                     torch.cuda.current_stream().synchronize()  # the one host sync per step
-                na, row = int(host[0]), host.tolist()
+                row = host.tolist()  # [na, drafts (B-1), next]
+                na = row[0]
                 # the whole block was verified; near max_new_tokens only the first v slots can be committed
                 v = verify_width(b, run.room)
                 yield run.step(row[1:v], na, row[1 : 1 + na] + [row[-1]])

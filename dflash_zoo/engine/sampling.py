@@ -134,11 +134,15 @@ class Sampler:
         return accept_rejection(drafts, q, self.probs(target_logits), generator, force)
 
 
-def new_generator(device: torch.device | str, seed: int | None) -> torch.Generator:
-    """A private generator (the caller's global RNG stream is never touched); seed None: a fresh random seed."""
-    gen = torch.Generator(device=device)
+def seed_generator(gen: torch.Generator, seed: int | None) -> torch.Generator:
+    """Seed `gen` with `seed`, or with a fresh random seed for None; the global RNG stream is never touched."""
     if seed is None:
         gen.seed()  # seeds this generator alone from the OS
     else:
         gen.manual_seed(seed)
     return gen
+
+
+def new_generator(device: torch.device | str, seed: int | None) -> torch.Generator:
+    """A private generator for one generation (`seed_generator`)."""
+    return seed_generator(torch.Generator(device=device), seed)
