@@ -1,11 +1,11 @@
 """Bench helpers: prompts, weight bytes, the copy-bandwidth ceiling, the roofline fraction and provenance.
 
-Roofline (METHOD.md "two numbers"): a batch-1 decode step streams every weight once, so its floor is
+Roofline: a batch-1 decode step streams every weight once, so its floor is
 streamed weight bytes over device bandwidth. Bandwidth is measured in the same run with a large device-to-
 device copy (bytes read + written). Streamed bytes leave out an untied input-embedding table (one row is
 read per token); a DFlash step streams the target, the drafter and the target's LM head a second time (the
 drafter's logits) for `tau` tokens. KV-cache reads are left out: small next to 16 GB of weights at 1k tokens.
-Provenance follows style rule 27: argv, git commit, package versions, GPU, registry entry.
+Provenance: argv, git commit, package versions, GPU, registry entry (so a record can be reproduced).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30, reps: int = 10) 
     """Device copy bandwidth in bytes/s (read + write), median of `reps` event-timed copies; None on CPU."""
     if device.type != "cuda":
         return None
-    src = torch.randn(nbytes // 4, device=device)  # random data, never zeros (METHOD.md)
+    src = torch.randn(nbytes // 4, device=device)  # random data: a copy of zeros can be faster than real data
     dst = torch.empty_like(src)
     times = []
     for i in range(reps + 2):
