@@ -117,6 +117,7 @@ def test_leftovers_of_an_interrupted_swap_are_recovered_and_named(capsys, tmp_pa
     half = tmp_path / ".d.tmp-4e5f6a7b"
     half.mkdir()
     (half / "config.json").write_text("{")
+    (half / ".tmpAb12Cd").write_bytes(b"half")  # safetensors' own temporary file, killed before its rename
     legacy = tmp_path / ".d.x1y2z3w4"  # the mkdtemp name of earlier versions
     legacy.mkdir()
     (legacy / "model.safetensors").write_bytes(b"")
@@ -251,6 +252,7 @@ def test_resume_skips_incomplete_checkpoints_and_names_them(capsys, tmp_path, ta
     partial = root / ".step-00000004.tmp-0123abcd"  # a save killed halfway
     partial.mkdir()
     (partial / "config.json").write_text("{")
+    (partial / ".tmpAb12Cd").write_bytes(b"half")  # safetensors' own temporary file, killed before its rename
     code, stdout, err = train(capsys, target, data, out, "--resume", "--json", "--keep-checkpoints", steps=3)
     assert code == 0, err
     err = " ".join(err.split())

@@ -29,6 +29,15 @@ OWNER = "dflash-zoo"
 OUR_FILES = frozenset(
     {"config.json", "model.safetensors", "training_args.json", "trainer_state.pt", "COMPLETE"}
 )
+# safetensors 0.8 writes `model.safetensors` through a `.tmpXXXXXX` file in the same directory, then renames
+# it; a kill in between leaves that file inside our temporary directory
+_WRITER_TEMP = re.compile(r"\.tmp[A-Za-z0-9]{6}")
+
+
+def is_leftover_file(path: Path) -> bool:
+    """True for a file one of our writers can leave in a directory being written: a named file or a writer's
+    temporary file."""
+    return path.is_file() and (path.name in OUR_FILES or _WRITER_TEMP.fullmatch(path.name) is not None)
 
 
 class OutputError(ZooError):
@@ -191,7 +200,7 @@ def _leftovers(out: Path) -> list[Path]:
 
 def _only_our_files(directory: Path) -> bool:
     try:
-        return all(p.name in OUR_FILES and p.is_file() for p in directory.iterdir())
+        return all(is_leftover_file(p) for p in directory.iterdir())
     except OSError:
         return False
 

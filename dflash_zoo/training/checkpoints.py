@@ -37,8 +37,11 @@ def root_for(out: str | Path) -> Path:
 def _ours(root: Path) -> bool:
     """True when every entry of `root` is a checkpoint dir, a temp dir of ours or a legacy flat file."""
     for p in root.iterdir():
-        if p.is_dir() and (_STEP.fullmatch(p.name) or _TEMP.fullmatch(p.name)):
-            if not all(f.name in outdir.OUR_FILES for f in p.iterdir()):
+        if p.is_dir() and _STEP.fullmatch(p.name):
+            if not all(f.is_file() and f.name in outdir.OUR_FILES for f in p.iterdir()):
+                return False
+        elif p.is_dir() and _TEMP.fullmatch(p.name):  # a save in progress or interrupted
+            if not all(outdir.is_leftover_file(f) for f in p.iterdir()):
                 return False
         elif not (p.is_file() and p.name in outdir.OUR_FILES):
             return False
