@@ -63,6 +63,9 @@ class StaticAttention:
     k_norm: str | None = None
     head_dim: str = "head_dim"  # attributes of the attention module (ints / floats, read once)
     scaling: str = "scaling"  # the softmax scale
+    sinks: str | None = None  # gpt-oss "sinks": a learned per-head logit joined to every softmax; None: none
+    # Qwen3.5 / Qwen3-Next: q_proj emits [query | gate] per head and the output is attn * sigmoid(gate)
+    output_gate: bool = False
 
     def __post_init__(self) -> None:
         if (self.q_norm is None) != (self.k_norm is None):  # the fused kernel normalises both or neither
@@ -91,6 +94,20 @@ class SparseMoE:
 
 
 @dataclass(frozen=True)
+class StaticGDN:
+    """A Gated-DeltaNet (linear attention) layer: causal depthwise conv, the gated delta rule over a recurrent
+    state, a gated RMSNorm and an output projection. The input projections differ by family, so the adapter
+    splits them (`gdn_project`); the sizes are the module's own attributes (`num_k_heads`, `head_k_dim`, ...)."""
+
+    path: str = "linear_attn"  # from the decoder layer; the rest from the GDN module
+    conv1d: str = "conv1d"  # nn.Conv1d, depthwise, kernel K, over [q | k | v] channels
+    norm: str = "norm"  # gated RMSNorm, called (core [N, Dv], z [N, Dv])
+    out_proj: str = "out_proj"
+    a_log: str = "A_log"  # per value head: decay g = -exp(A_log) * softplus(a + dt_bias)
+    dt_bias: str = "dt_bias"
+
+
+@dataclass(frozen=True)
 class StaticLayout:
     """Everything the static engine takes from a target's modules and config; the defaults are Llama's.
 
@@ -106,11 +123,21 @@ class StaticLayout:
     post_attention_norm: str = "post_attention_layernorm"
     norm_eps: str = "rms_norm_eps"  # config key of every RMSNorm's epsilon
     rotary_emb: str = "model.rotary_emb"  # from the model: called (x, position_ids) -> (cos, sin)
+    # gpt-oss: cos / sin span half a head and rotate its two halves (the same as Llama's rotate-half with
+    # duplicated tables, which is how the engine applies them)
+    rotary_halves: bool = False
+    # the RMSNorms are Llama's formula, `weight * normed(x).to(dtype)`, so `F.rms_norm` and the fused kernels
+    # reproduce them; False (zero-centred `1 + weight`, or the weight multiplied in fp32): call each module
+    llama_norms: bool = True
+    sliding_window: str = "sliding_window"  # config key of the window of `sliding_attention` layers
+    linear: StaticGDN | None = None  # how `linear_attention` layers run; None: the family has none
     layer_types: tuple[str, ...] = ("full_attention",)  # config `layer_types` values the engine can run
 
     def __post_init__(self) -> None:
         if self.mlp is None and self.moe is None:
             raise ValueError("StaticLayout: declare mlp, moe or both")
+        if ("linear_attention" in self.layer_types) != (self.linear is not None):
+            raise ValueError("StaticLayout: `linear_attention` layers and a `linear` declaration go together")
 
 
 class TapRecorder:

@@ -11,6 +11,10 @@ Quirks:
 - harmony chat format: a turn ends on `<|return|>` (200002), a tool call on `<|call|>` (200012), and
   `<|endoftext|>` (199999) is the pad/eos. `extra_stop_token_ids` lists them for the engine to merge with
   the generation config's eos ids;
+- fast path: sliding and full layers over one static K/V buffer each (the window is a mask), sinks joined to
+  every softmax, biased projections, the RMSNorm weight multiplied in fp32 (so its module runs), half-width
+  rotary tables over the two halves of a head; the MoE block (router + biased, clamped SwiGLU experts) runs as
+  its module and returns (states, router scores);
 - MoE experts ship as MXFP4; without MXFP4 kernels transformers dequantizes them (20b: about 40 GB in bf16).
 """
 
@@ -19,7 +23,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from dflash_zoo.adapters import register
-from dflash_zoo.adapters.base import TargetAdapter
+from dflash_zoo.adapters.base import SparseMoE, StaticAttention, StaticLayout, TargetAdapter
 
 HARMONY_RETURN, HARMONY_CALL, HARMONY_ENDOFTEXT = 200002, 200012, 199999
 
@@ -30,6 +34,14 @@ class GptOssAdapter(TargetAdapter):
     extra_stop_token_ids: ClassVar[tuple[int, ...]] = (HARMONY_RETURN, HARMONY_CALL, HARMONY_ENDOFTEXT)
     attn_implementation: ClassVar[str] = "eager"  # sinks: the only exact CPU/GPU path without kernels
     notes = "attention sinks (eager); sliding/full alternating; harmony stop tokens"
+    static_layout = StaticLayout(
+        attention=StaticAttention(sinks="sinks"),
+        mlp=None,
+        moe=SparseMoE(),
+        rotary_halves=True,
+        llama_norms=False,
+        layer_types=("sliding_attention", "full_attention"),
+    )
 
     @classmethod
     def load_model(

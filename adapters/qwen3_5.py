@@ -10,17 +10,20 @@ Quirks:
   whole wrapper so mRoPE position offsets (`rope_deltas`) stay those of the prefill;
 - everything about the cache comes from the text family by composition: `self.text` is a `qwen3_5_text`
   adapter on the same model with this wrapper's layer path (GDN recompute rollback, replay fallback);
+- fast path (text prompts; an image prompt runs the eager engine): the text family's layout with the
+  rotary embedding of the wrapped text model;
 - the shapes live in `text_config`; a composite config without one is refused by `validate`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 from dflash_zoo.adapters import register
 from dflash_zoo.adapters._hybrid import HybridGDNAdapter
 from dflash_zoo.adapters.base import Problem, TargetAdapter
-from dflash_zoo.adapters.qwen3_5_text import Qwen3_5TextAdapter
+from dflash_zoo.adapters.qwen3_5_text import HYBRID_LAYOUT, Qwen3_5TextAdapter
 
 
 @register("qwen3_5")
@@ -31,6 +34,7 @@ class Qwen3_5Adapter(TargetAdapter):
     cache_strategy = "gdn-recompute"
     accepts_images = True
     notes = "VLM wrapper over the hybrid Gated-DeltaNet text model (exact GDN rollback)"
+    static_layout = dataclasses.replace(HYBRID_LAYOUT, rotary_emb="model.language_model.rotary_emb")
 
     def __init__(self, model: Any, rollback: str = "recompute"):
         super().__init__(model)
@@ -55,3 +59,6 @@ class Qwen3_5Adapter(TargetAdapter):
 
     def rollback(self, cache: Any, num_rejected: int, snapshot: Any, committed_ids: Any) -> None:
         self.text.rollback(cache, num_rejected, snapshot, committed_ids)
+
+    def gdn_project(self, gdn: Any, x: Any) -> tuple[Any, Any, Any, Any]:
+        return self.text.gdn_project(gdn, x)

@@ -9,6 +9,8 @@ Quirks:
 - `DynamicCache(config=...)` is required (it builds `LinearAttentionLayer`s), and past recording is turned on
   only after prefill (base `start_decoding`);
 - full-attention layers are gated (q_proj doubles as a gate) and use partial rotary: taps are unaffected;
+- fast path: RMSNorms are zero-centred (`1 + weight`, in fp32), so the static engine calls the norm modules;
+  GDN layers run over static conv / recurrent states (`cuda/gdn.py`, `gdn_project` splits the projections);
 - thinking is on by default in the chat template and the z-lab drafters were benchmarked with it, so no
   template switch is passed.
 """
@@ -19,12 +21,29 @@ from typing import Any
 
 from dflash_zoo.adapters import register
 from dflash_zoo.adapters._hybrid import HybridGDNAdapter
+from dflash_zoo.adapters.base import SparseMoE, StaticAttention, StaticGDN, StaticLayout
+
+# the gated full-attention layers (q/k norms, [query | gate] q_proj) and the GDN layers; MoE variants' sparse
+# blocks (experts + shared expert) run as their modules
+HYBRID_LAYOUT = StaticLayout(
+    attention=StaticAttention(q_norm="q_norm", k_norm="k_norm", output_gate=True),
+    moe=SparseMoE(),
+    llama_norms=False,
+    linear=StaticGDN(),
+    layer_types=("linear_attention", "full_attention"),
+)
 
 
 @register("qwen3_5_text")
 class Qwen3_5TextAdapter(HybridGDNAdapter):
     gdn_capture = ("in_proj_qkv", "in_proj_a", "in_proj_b")
     notes = "hybrid Gated-DeltaNet: exact GDN rollback (recompute; replay as fallback)"
+    static_layout = HYBRID_LAYOUT
+
+    def gdn_project(self, gdn: Any, x: Any) -> tuple[Any, Any, Any, Any]:
+        """x [1, T, H] -> (conv input [1, T, C], z [1, T, Hv, Dv], b [1, T, Hv], a [1, T, Hv])."""
+        z = gdn.in_proj_z(x).view(*x.shape[:2], -1, gdn.head_v_dim)
+        return gdn.in_proj_qkv(x), z, gdn.in_proj_b(x), gdn.in_proj_a(x)
 
     def gdn_inputs(self, gdn: Any, seen: dict[str, Any]) -> tuple[Any, Any, Any]:
         return seen["in_proj_qkv"], seen["in_proj_a"], seen["in_proj_b"]  # [B, T, C], [B, T, Hv], [B, T, Hv]

@@ -9,6 +9,8 @@ Quirks:
   module's own `fix_query_key_value_ordering`, so the conv input is rebuilt as [q | k | v] exactly as forward does;
 - the published drafter taps [3, 11, 23, 35, 43]: these sit on full-attention layers (index = 3 mod 4), unlike
   the usual `1 + k * step` spread. Taps are taken as given, never normalised;
+- fast path: the layout of Qwen3.5 (`qwen3_5_text.HYBRID_LAYOUT`: zero-centred norms, gated attention, GDN
+  over static states); `gdn_project` unpacks the fused projections as forward does;
 - MoE MLPs (512 experts, top-10 plus a shared expert); Qwen3-Coder has no thinking mode.
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 
 from dflash_zoo.adapters import register
 from dflash_zoo.adapters._hybrid import HybridGDNAdapter
+from dflash_zoo.adapters.qwen3_5_text import HYBRID_LAYOUT
 
 
 @register("qwen3_next")
@@ -25,9 +28,19 @@ class Qwen3NextAdapter(HybridGDNAdapter):
     gdn_capture = ("in_proj_qkvz", "in_proj_ba")
     notes = "hybrid Gated-DeltaNet (Coder-Next): exact GDN rollback; unusual taps kept as published"
 
-    def gdn_inputs(self, gdn: Any, seen: dict[str, Any]) -> tuple[Any, Any, Any]:
-        import torch
+    static_layout = HYBRID_LAYOUT
 
-        q, k, v, _z, b, a = gdn.fix_query_key_value_ordering(seen["in_proj_qkvz"], seen["in_proj_ba"])
-        mixed = torch.cat([x.reshape(*x.shape[:2], -1) for x in (q, k, v)], dim=-1)  # [B, T, 2 Kd + Vd]
+    def gdn_inputs(self, gdn: Any, seen: dict[str, Any]) -> tuple[Any, Any, Any]:
+        mixed, _z, b, a = _unpack(gdn, seen["in_proj_qkvz"], seen["in_proj_ba"])
         return mixed, a, b  # a, b: [B, T, Hv]
+
+    def gdn_project(self, gdn: Any, x: Any) -> tuple[Any, Any, Any, Any]:
+        return _unpack(gdn, gdn.in_proj_qkvz(x), gdn.in_proj_ba(x))
+
+
+def _unpack(gdn: Any, qkvz: Any, ba: Any) -> tuple[Any, Any, Any, Any]:
+    """The fused projections -> (conv input [B, T, 2 Kd + Vd] as [q | k | v], z [B, T, Hv, Dv], b, a [B, T, Hv])."""
+    import torch
+
+    q, k, v, z, b, a = gdn.fix_query_key_value_ordering(qkvz, ba)
+    return torch.cat([y.reshape(*y.shape[:2], -1) for y in (q, k, v)], dim=-1), z, b, a

@@ -21,6 +21,8 @@ def static_model_types() -> list[str]:
 
 
 STATIC_MODEL_TYPES = static_model_types()
+# the rest: every generation of theirs runs the eager engine
+EAGER_ONLY_MODEL_TYPES = [t for t in supported_model_types() if t not in STATIC_MODEL_TYPES]
 
 
 def static_pair(model_type: str, device: str = "cpu", **overrides):

@@ -20,7 +20,7 @@ from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.engine.sampling import Sampler
 from dflash_zoo.engine.select import EngineOptions, choose_engine
 from tests.oracles import reference_dflash
-from tests.static_matrix import STATIC_MODEL_TYPES, static_pair
+from tests.static_matrix import EAGER_ONLY_MODEL_TYPES, STATIC_MODEL_TYPES, static_pair
 from tests.test_sampling import N_RUNS, PROMPT, SETTINGS, V, chi_square_pvalue, exact_distribution
 from tests.tiny import VOCAB, tiny_drafter, tiny_target
 
@@ -48,7 +48,7 @@ def test_engine_choice_for_a_supported_family(device, options, split, images, ex
     assert choice.reason  # always says why
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_5_text", "gemma4_text", "gpt_oss"])
+@pytest.mark.parametrize("model_type", EAGER_ONLY_MODEL_TYPES)
 def test_engine_choice_for_a_family_without_a_static_layout(model_type):
     adapter = get_adapter(model_type)(tiny_target(model_type))
     for options in (EngineOptions(), EngineOptions(fast=True)):

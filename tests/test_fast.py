@@ -153,11 +153,13 @@ def test_layout_declarations_are_checked():
         StaticAttention(q_norm="q_norm")
     with pytest.raises(ValueError, match="mlp, moe or both"):
         StaticLayout(mlp=None)
+    with pytest.raises(ValueError, match="go together"):
+        StaticLayout(layer_types=("linear_attention", "full_attention"))  # GDN layers without a declaration
 
 
 def test_unsupported_pairs_are_named():
-    hybrid = get_adapter("qwen3_5_text")(tiny_target("qwen3_5_text"))
-    assert unsupported_reason(hybrid) == "no static layout declared by the 'qwen3_5_text' adapter"
+    hybrid = get_adapter("gemma4_text")(tiny_target("gemma4_text"))
+    assert unsupported_reason(hybrid) == "no static layout declared by the 'gemma4_text' adapter"
     windowed = get_adapter("qwen3")(tiny_target("qwen3", layer_types=["full_attention", "sliding_attention"] * 2))
     assert "sliding_attention layers" in unsupported_reason(windowed)
     adapter, drafter = _pair("qwen3")
@@ -244,8 +246,9 @@ def test_fused_weights_are_views_and_eager_outputs_are_unchanged(model_type, tmp
     sizes = _storage_bytes(adapter.model), _storage_bytes(drafter)
     eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
     assert (_storage_bytes(adapter.model), _storage_bytes(drafter)) == sizes  # no second copy
+    i = next(i for i, m in enumerate(eng.target.layers) if m.q is not None)  # the first attention layer
     for attn, fused in (
-        (adapter.layers()[1].self_attn, eng.target.qkv[1]),
+        (adapter.layers()[i].self_attn, eng.target.qkv[i]),
         (drafter.layers[0].self_attn, eng.sdraft.qkv[0]),
     ):
         for proj in (attn.q_proj, attn.k_proj, attn.v_proj):

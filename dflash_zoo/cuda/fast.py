@@ -154,13 +154,13 @@ class FastEngine(Engine):
         self.force = torch.full((), -1, dtype=torch.long, device=dev)  # what-if: forced accepted count
         self.blk = torch.full((1, b), mask_token_id, dtype=torch.long, device=dev)
         width = len(drafter.cfg.target_layer_ids) * adapter.text_config.hidden_size
-        self.vtaps = torch.zeros(1, b, width, device=dev, dtype=self.target.k[0].dtype)
+        self.vtaps = torch.zeros(1, b, width, device=dev, dtype=self.target.dtype)
         self.out = torch.zeros(b + 1, dtype=torch.long, device=dev)  # [na, drafts (b-1), next]
         self.gen = torch.Generator(device=dev)  # sampling only; seeded per generation
         self.compile = compile
         self.compile_options = dict(COMPILE_OPTIONS if compile_options is None else compile_options)
         options = self.compile_options if compile else None  # steps compile lazily, on first use
-        self.steps = Steps([self.pos, self.bonus], self.gen, self.graphs, options)
+        self.steps = Steps([self.pos, self.bonus, *self.target.states()], self.gen, self.graphs, options)
 
     @property
     def capture_seconds(self) -> float:
@@ -179,6 +179,7 @@ class FastEngine(Engine):
         verify = torch.cat([self.bonus, drafts])[None]  # [1, B]
         logits = self.target.forward(emb_of(verify), self.pos, self.vtaps)[0]  # [B, V]
         na, nxt = sampler.accept(drafts, q, logits, self.gen, self.force)  # 0-d, [1]
+        self.target.commit(na + 1)  # GDN states move past the committed rows (attention: nothing to do)
         self.sdraft.append(self.vtaps, self.pos)  # rows past na + 1 are masked, then overwritten
         self.out[0].copy_(na)
         self.out[1:b].copy_(drafts)

@@ -22,16 +22,23 @@ if TYPE_CHECKING:
 
 
 class LayerModules(NamedTuple):
-    """One decoder layer's modules as the static engine runs them."""
+    """One decoder layer's modules as the static engine runs them: attention (q/k/v/o set) or a
+    Gated-DeltaNet layer (`gdn` set), then a dense MLP (gate/up/down set) or a sparse MoE block."""
 
+    kind: str  # its `layer_types` entry: full_attention, sliding_attention or linear_attention
     input_norm: nn.Module
     post_norm: nn.Module
-    q: nn.Linear
-    k: nn.Linear
-    v: nn.Linear
-    o: nn.Linear
+    q: nn.Linear | None
+    k: nn.Linear | None
+    v: nn.Linear | None
+    o: nn.Linear | None
     qk_norm: tuple[nn.Module, nn.Module] | None  # per-head RMSNorms of q and k; None: none
-    scaling: float  # the softmax scale
+    scaling: float | None  # the softmax scale
+    window: int | None  # sliding layers: keys within `window` positions of the query (the query included)
+    sinks: torch.Tensor | None  # [heads] per-head sink logits; None: none
+    output_gate: bool  # q_proj emits [query | gate] per head; the output is attn * sigmoid(gate)
+    gdn: nn.Module | None  # a linear-attention layer's GDN module
+    gdn_parts: tuple[nn.Module, nn.Module, nn.Module] | None  # its (conv1d, gated norm, out_proj)
     mlp: nn.Module  # the MLP module; a sparse MoE block (gate is None) runs as this module
     gate: nn.Linear | None
     up: nn.Linear | None
@@ -48,6 +55,7 @@ class TargetModules(NamedTuple):
     head_dim: int
     eps: float  # every RMSNorm's epsilon
     silu: bool  # the dense MLPs' activation is SiLU: the fused SiLU kernels apply
+    layout: StaticLayout
 
 
 def _name(adapter: TargetAdapter) -> str:
@@ -88,14 +96,52 @@ def _is_sparse(layout: StaticLayout, mlp: Any) -> bool:
     return layout.moe is not None and hasattr(mlp, layout.moe.experts)
 
 
-def _layer(adapter: TargetAdapter, layout: StaticLayout, i: int, layer: nn.Module) -> LayerModules:
-    at, where = layout.attention, f"layer {i}"
+def layer_kinds(adapter: TargetAdapter) -> list[str]:
+    """Each decoder layer's `layer_types` entry (all `full_attention` when the config has none)."""
+    types = getattr(adapter.text_config, "layer_types", None)
+    return list(types) if types else ["full_attention"] * len(adapter.layers())
+
+
+def _attention(adapter: TargetAdapter, layout: StaticLayout, kind: str, layer: nn.Module, where: str) -> dict:
+    at = layout.attention
     attn = _lookup(adapter, layer, at.path, where)
     aw = f"{where}.{at.path}"
     q, k, v, o = (_linear(adapter, attn, n, aw) for n in (at.q_proj, at.k_proj, at.v_proj, at.o_proj))
     qk = None
     if at.q_norm is not None:
         qk = (_lookup(adapter, attn, at.q_norm, aw), _lookup(adapter, attn, at.k_norm, aw))
+    window = None
+    if kind == "sliding_attention":
+        window = int(_lookup(adapter, adapter.text_config, layout.sliding_window, "the text config"))
+    sinks = _lookup(adapter, attn, at.sinks, aw) if at.sinks is not None else None
+    scaling = _lookup(adapter, attn, at.scaling, aw)
+    return dict(q=q, k=k, v=v, o=o, qk_norm=qk, scaling=scaling, window=window, sinks=sinks,
+                output_gate=at.output_gate)  # fmt: skip
+
+
+def _linear_attention(adapter: TargetAdapter, layout: StaticLayout, layer: nn.Module, where: str) -> dict:
+    ln = layout.linear
+    gdn = _lookup(adapter, layer, ln.path, where)
+    gw = f"{where}.{ln.path}"
+    parts = (_lookup(adapter, gdn, ln.conv1d, gw), _lookup(adapter, gdn, ln.norm, gw))
+    for name in (ln.a_log, ln.dt_bias):
+        _lookup(adapter, gdn, name, gw)
+    if not callable(getattr(adapter, "gdn_project", None)):
+        raise UnsupportedModelError(
+            f"the {_name(adapter)} adapter declares linear-attention layers but no `gdn_project`",
+            hint=f"add gdn_project(gdn, x) -> (conv input, z, b, a) to {type(adapter).__module__}",
+        )
+    return dict(gdn=gdn, gdn_parts=(*parts, _linear(adapter, gdn, ln.out_proj, gw)))
+
+
+def _layer(adapter: TargetAdapter, layout: StaticLayout, i: int, kind: str, layer: nn.Module) -> LayerModules:
+    where = f"layer {i}"
+    mixer = dict(q=None, k=None, v=None, o=None, qk_norm=None, scaling=None, window=None, sinks=None,
+                 output_gate=False, gdn=None, gdn_parts=None)  # fmt: skip
+    if kind == "linear_attention":
+        mixer.update(_linear_attention(adapter, layout, layer, where))
+    else:
+        mixer.update(_attention(adapter, layout, kind, layer, where))
     mlp = _lookup(adapter, layer, layout.mlp_path, where)
     gate = up = down = act = None
     if not _is_sparse(layout, mlp):
@@ -109,11 +155,10 @@ def _layer(adapter: TargetAdapter, layout: StaticLayout, i: int, layer: nn.Modul
         gate, up, down = (_linear(adapter, mlp, n, mw) for n in (g.gate_proj, g.up_proj, g.down_proj))
         act = _lookup(adapter, mlp, g.act_fn, mw)
     return LayerModules(
-        _lookup(adapter, layer, layout.input_norm, where),
-        _lookup(adapter, layer, layout.post_attention_norm, where),
-        q, k, v, o, qk,
-        _lookup(adapter, attn, at.scaling, aw),
-        mlp, gate, up, down, act,
+        kind=kind,
+        input_norm=_lookup(adapter, layer, layout.input_norm, where),
+        post_norm=_lookup(adapter, layer, layout.post_attention_norm, where),
+        **mixer, mlp=mlp, gate=gate, up=up, down=down, act=act,
     )  # fmt: skip
 
 
@@ -123,16 +168,22 @@ def resolve(adapter: TargetAdapter) -> TargetModules:
     if layout is None:
         raise UnsupportedModelError(f"no static layout declared by the {_name(adapter)} adapter")
     text, model = adapter.text_config, adapter.model
-    layers = [_layer(adapter, layout, i, layer) for i, layer in enumerate(adapter.layers())]
-    attn0 = _lookup(adapter, adapter.layers()[0], layout.attention.path, "layer 0")
+    kinds = layer_kinds(adapter)
+    layers = [_layer(adapter, layout, i, kinds[i], layer) for i, layer in enumerate(adapter.layers())]
+    first = next((i for i, kind in enumerate(kinds) if kind != "linear_attention"), None)
+    head_dim = 0  # no attention layer: no K/V buffers
+    if first is not None:
+        attn = _lookup(adapter, adapter.layers()[first], layout.attention.path, f"layer {first}")
+        head_dim = _lookup(adapter, attn, layout.attention.head_dim, f"layer {first}.{layout.attention.path}")
     act = getattr(text, layout.mlp.activation, None) if layout.mlp is not None else None
     return TargetModules(
         layers=layers,
         final_norm=_lookup(adapter, model, adapter.final_norm_path(), "the model"),
         rotary_emb=_lookup(adapter, model, layout.rotary_emb, "the model"),
-        head_dim=_lookup(adapter, attn0, layout.attention.head_dim, f"layer 0.{layout.attention.path}"),
+        head_dim=head_dim,
         eps=_lookup(adapter, text, layout.norm_eps, "the text config"),
         silu=act in ("silu", "swish"),
+        layout=layout,
     )
 
 

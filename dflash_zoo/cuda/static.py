@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_zoo.cuda import fused_ops, kernels
+from dflash_zoo.cuda.gdn import StaticGDN
 from dflash_zoo.cuda.layout import graph_unsafe_reason, layout_reason, resolve
 from dflash_zoo.engine.rope import apply_rotary
 
@@ -199,11 +200,12 @@ def _swiglu(act, gate: torch.Tensor, up: torch.Tensor, kernel: bool) -> torch.Te
     return fused_ops.silu_mul(gate, up) if kernel else act(gate) * up
 
 
-def _qkv_store(proj, x, heads: int, norm, qk, rope, positions, buffers, fused: bool) -> torch.Tensor | None:
+def _qkv_store(proj, x, heads: int, norm, qk, rope, positions, buffers, fused: bool, gated: bool = False):
     """x [1, T, H] through `proj` (q/k/v, or k/v alone with heads 0) -> q [1, heads, T, hd], normed by the
     `qk` modules (q_norm, k_norm; None: no qk norm) and rotated by `rope` (cos, sin); None with heads 0. k is
     normed and rotated the same way and written with v into `buffers` ([1, kvh, S, hd] each) at `positions`.
-    `fused`: all of it in one kernel (`fused_ops.rope_store`)."""
+    `fused`: all of it in one kernel (`fused_ops.rope_store`). `gated`: q's projection emits [query | gate]
+    per head; returns (q, gate [1, T, heads * hd])."""
     (cos, sin), (k_buf, v_buf) = rope, buffers
     if fused:
         w = (qk[0].weight, qk[1].weight) if qk else (None, None)
@@ -212,12 +214,31 @@ def _qkv_store(proj, x, heads: int, norm, qk, rope, positions, buffers, fused: b
         )
         return q[None] if heads else None
     t, hd = x.shape[1], k_buf.shape[-1]
-    *q, k, v = (y.view(1, t, -1, hd) for y in proj(x))  # [1, T, heads or kvh, hd]
+    *q, k, v = (y.view(1, t, -1, hd) for y in proj(x))  # [1, T, heads (x2 gated) or kvh, hd]
+    gate = None
+    if gated:  # per head [query (hd) | gate (hd)]
+        query, gate = q[0].reshape(1, t, heads, 2 * hd).chunk(2, dim=-1)
+        q, gate = [query], gate.reshape(1, t, -1)
     if qk:
         q, k = [norm(qk[0], y) for y in q], norm(qk[1], k)
     k_buf.index_copy_(2, positions, apply_rotary(k.transpose(1, 2), cos, sin))
     v_buf.index_copy_(2, positions, v.transpose(1, 2))  # [1, kvh, T, hd]
-    return apply_rotary(q[0].transpose(1, 2), cos, sin) if q else None
+    q = apply_rotary(q[0].transpose(1, 2), cos, sin) if q else None
+    return (q, gate) if gated else q
+
+
+def _grouped_sinks(q, k, v, gmask, scale: float, sinks: torch.Tensor) -> torch.Tensor:
+    """`_grouped_sdpa` with a learned per-head logit joined to each softmax row and then dropped (gpt-oss
+    sinks: some probability mass goes nowhere), as explicit products. sinks [h] -> out [1, T, h*d]."""
+    _, h, t, d = q.shape
+    kvh = k.shape[1]
+    qg = q.reshape(1, kvh, (h // kvh) * t, d)  # same row order as `_grouped_sdpa`
+    scores = (qg @ k.transpose(-1, -2)) * scale + gmask  # [1, kvh, g*T, S]
+    sink = sinks.view(kvh, h // kvh, 1).expand(-1, -1, t).reshape(1, kvh, -1, 1).to(scores.dtype)
+    logits = torch.cat([scores, sink], dim=-1)
+    logits = logits - logits.amax(-1, keepdim=True)  # as transformers' eager path (finite: the sink is)
+    p = logits.softmax(-1)[..., :-1].to(v.dtype)  # the sink's share is dropped
+    return _ungroup(p @ v, h, t)
 
 
 def _group_mask(mask: torch.Tensor, g: int, dtype: torch.dtype) -> torch.Tensor:
@@ -229,8 +250,20 @@ def _group_mask(mask: torch.Tensor, g: int, dtype: torch.dtype) -> torch.Tensor:
     return add.repeat(g, 1)[None, None]
 
 
+def _rotary_width(mods, halves: bool) -> int:
+    """How many dims of a head rotate (partial rotary: fewer than the head size)."""
+    probe = torch.zeros(1, 1, device=mods.final_norm.weight.device, dtype=mods.final_norm.weight.dtype)
+    cos, _ = mods.rotary_emb(probe, torch.zeros(1, 1, dtype=torch.long, device=probe.device))
+    return cos.shape[-1] * (2 if halves else 1)
+
+
 class StaticTarget:
-    """The target's decoder over static K/V buffers [1, kvh, max_len, hd] per layer."""
+    """The target's decoder over static K/V buffers [1, kvh, max_len, hd] per attention layer, and static
+    conv / recurrent states per Gated-DeltaNet layer (gdn.py).
+
+    Attention layers are full or sliding-window (a mask), optionally with sinks, biases, an output gate and
+    partial rotary, as the adapter's layout declares; GDN layers keep their states until `commit`.
+    """
 
     def __init__(
         self,
@@ -245,69 +278,123 @@ class StaticTarget:
         fused_ops: bool = False,
     ):
         self.adapter, self.model = adapter, adapter.model
-        self.gemv = gemv  # one-row o and down projections through `kernels.gemv` (split over K)
-        self.fused = fused_ops  # norms, q/k rotary + K/V writes and SwiGLU products through fused_ops.py
-        self.decode_attend = DECODE_ATTENTION[decode_attention]  # T = 1 steps only
-        self.block_attend = BLOCK_ATTENTION[block_attention]  # verify steps (T > 1)
         mods = resolve(adapter)  # every module through the adapter's `static_layout`
         self.layers, self.final_norm, self.rotary_emb = mods.layers, mods.final_norm, mods.rotary_emb
-        text = adapter.text_config
+        layout, text = mods.layout, adapter.text_config
+        self.halves = layout.rotary_halves
+        self.gemv = gemv  # one-row o and down projections through `kernels.gemv` (split over K)
+        # the fused kernels compute Llama's RMSNorm: other norm formulas run their modules
+        self.fused = fused_ops and layout.llama_norms  # norms, q/k rotary + K/V writes, SwiGLU through fused_ops.py
+        self.decode_attend = DECODE_ATTENTION[decode_attention]  # T = 1 steps only
+        self.block_attend = BLOCK_ATTENTION[block_attention]  # verify steps (T > 1)
         self.silu = mods.silu  # the kernels' fused SwiGLU
         self.swiglu = fused_ops and self.silu  # silu(gate) * up through `fused_ops.silu_mul`
         self.kvh, self.hd = text.num_key_value_heads, mods.head_dim
         self.group = text.num_attention_heads // self.kvh
-        self.norm = _Norms(mods.eps, fast_norm, fused_ops)
+        self.norm = _Norms(mods.eps, fast_norm and layout.llama_norms, self.fused)
         self.taps: dict[int, list[int]] = {}  # layer id -> tap slots (ids may repeat)
         for slot, lid in enumerate(tap_ids):
             self.taps.setdefault(lid, []).append(slot)
         self.hidden = text.hidden_size
-        self.qkv = [FusedLinear([m.q, m.k, m.v], fuse) for m in self.layers]
+        self.dtype = mods.final_norm.weight.dtype
+        self.qkv = [FusedLinear([m.q, m.k, m.v], fuse) if m.q is not None else None for m in self.layers]
+        # GDN layers: their own static states; projections split by the adapter (`gdn_project`)
+        self.gdn = [StaticGDN(m.gdn, m.gdn_parts, adapter.gdn_project) if m.gdn is not None else None
+                    for m in self.layers]  # fmt: skip
         # a sparse MoE block keeps its own forward (router, experts implementation, shared experts): None here
         self.gate_up = [FusedLinear([m.gate, m.up], fuse) if m.gate is not None else None for m in self.layers]
         self.k, self.v = [], []
+        dev = mods.final_norm.weight.device
         for m in self.layers:
-            w = m.k.weight
-            self.k.append(torch.zeros(1, self.kvh, max_len, self.hd, device=w.device, dtype=w.dtype))
-            self.v.append(torch.zeros_like(self.k[-1]))
-        dev = self.k[0].device
+            buf = None
+            if m.q is not None:
+                w = m.k.weight
+                buf = torch.zeros(1, self.kvh, max_len, self.hd, device=w.device, dtype=w.dtype)
+            self.k.append(buf)
+            self.v.append(None if buf is None else torch.zeros_like(buf))
         self.key_pos = torch.arange(max_len, device=dev)  # [S]
+        self.rot = _rotary_width(mods, self.halves) if any(q is not None for q in self.qkv) else 0
+        # the one-kernel rotary + K/V write: Llama-formula q/k norms, no output gate
+        self.rope_kernel = [self.fused and not m.output_gate for m in self.layers]
+        # layers whose prefill cannot use the causal flash kernel: windows and sinks need a mask
+        self.masked_prefill = any(m.window is not None or m.sinks is not None for m in self.layers)
 
-    def _attn(self, i: int, x, cos, sin, positions, gmask, prefill: bool):
+    def states(self) -> list[torch.Tensor]:
+        """Tensors a step mutates in place besides K/V rows past the committed length (GDN states)."""
+        return [t for g in self.gdn if g is not None for t in g.states()]
+
+    def commit(self, n: torch.Tensor) -> None:
+        """After a verify: the first `n` rows (0-d long tensor) were committed; GDN states move past them
+        (attention needs nothing: rejected K/V rows stay masked until overwritten)."""
+        for g in self.gdn:
+            if g is not None:
+                g.commit(n)
+
+    def _attn(self, i: int, x, rope, positions, masks, prefill: bool):
         m = self.layers[i]
         t = x.shape[1]
         heads, buffers = self.group * self.kvh, (self.k[i], self.v[i])
-        q = _qkv_store(self.qkv[i], x, heads, self.norm, m.qk_norm, (cos, sin), positions, buffers, self.fused)
-        if prefill:  # from position 0: causal flash kernel over the prompt, no mask tensor
+        fused, gated = self.rope_kernel[i], m.output_gate
+        q = _qkv_store(self.qkv[i], x, heads, self.norm, m.qk_norm, rope, positions, buffers, fused, gated)
+        q, gate = q if gated else (q, None)
+        gmask = masks.get(m.window)
+        if prefill and gmask is None:  # from position 0: causal flash kernel over the prompt, no mask tensor
             # the prompt's K/V heads from the buffers, repeated for the kernel (transient, one layer at a time)
             kk, vv = (b[:, :, :t].repeat_interleave(self.group, 1) for b in (self.k[i], self.v[i]))
             out = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=m.scaling)
-            return m.o(out.transpose(1, 2).reshape(1, t, -1))
-        attend = self.decode_attend if t == 1 else self.block_attend
-        out = attend(q, self.k[i], self.v[i], gmask, m.scaling)  # [1, T, h*hd]
+            out = out.transpose(1, 2).reshape(1, t, -1)
+        else:
+            k, v = (b[:, :, :t] for b in buffers) if prefill else buffers  # prefill: the prompt's keys only
+            if m.sinks is not None:
+                out = _grouped_sinks(q, k, v, gmask, m.scaling, m.sinks)
+            else:
+                out = (self.decode_attend if t == 1 else self.block_attend)(q, k, v, gmask, m.scaling)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
         if self.gemv and t == 1:
             return kernels.gemv(out, m.o.weight, m.o.bias, None)
-        return m.o(out)
+        return m.o(out)  # [1, T, H]
 
     def _mlp(self, i: int, x):
         m = self.layers[i]
         if self.gate_up[i] is None:
-            return m.mlp(x)  # [1, T, H]
+            out = m.mlp(x)  # [1, T, H]; some MoE blocks also return their router scores
+            return out[0] if isinstance(out, tuple) else out
         gate, up = self.gate_up[i](x)  # [1, T, F] each
         if self.gemv and self.silu and x.shape[1] == 1:  # silu(gate) * up computed inside the kernel
             return kernels.gemv(up, m.down.weight, m.down.bias, gate)
         return m.down(_swiglu(m.act, gate, up, self.swiglu))
 
+    def _masks(self, positions, prefill: bool, dtype) -> dict:
+        """Additive group masks by window (None: full causal), for the layers that need one this forward."""
+        if prefill and not self.masked_prefill:
+            return {}
+        keys = self.key_pos[: len(positions)] if prefill else self.key_pos
+        causal = keys[None, :] <= positions[:, None]  # [T, S]
+        masks = {}
+        for w in {m.window for m in self.layers if m.q is not None}:
+            ok = causal if w is None else causal & (positions[:, None] - keys[None, :] < w)  # HF: q - k < w
+            masks[w] = _group_mask(ok, self.group, dtype)
+        return masks
+
     def forward(self, emb, pos, taps_out=None, prefill: bool = False, last_only: bool = False):
-        """emb [1, T, H] at positions pos.. (0-d long tensor; prefill: pos is 0); fills taps_out [1, T, K*H]."""
+        """emb [1, T, H] at positions pos.. (0-d long tensor; prefill: pos is 0); fills taps_out [1, T, K*H].
+
+        A forward of T > 1 rows that is not a prefill is a verify: GDN states wait for `commit`.
+        """
         t = emb.shape[1]
         positions = pos + self.key_pos[:t]  # [T]
-        cos, sin = self.rotary_emb(emb, positions[None])  # [1, T, hd]
-        cos, sin = cos[0], sin[0]
-        causal = None if prefill else self.key_pos[None, :] <= positions[:, None]  # [T, S]
-        gmask = None if prefill else _group_mask(causal, self.group, emb.dtype)
+        rope = None
+        if self.rot:
+            cos, sin = self.rotary_emb(emb, positions[None])  # [1, T, rot] ([1, T, rot / 2] for halves)
+            cos, sin = cos[0], sin[0]
+            rope = (torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)) if self.halves else (cos, sin)
+        masks = self._masks(positions, prefill, emb.dtype)
+        mode = "prefill" if prefill else "step" if t == 1 else "verify"
         x = emb
         for i, m in enumerate(self.layers):
-            x = x + self._attn(i, self.norm(m.input_norm, x), cos, sin, positions, gmask, prefill)
+            h = self.norm(m.input_norm, x)
+            x = x + (self.gdn[i](h, mode) if self.gdn[i] is not None else self._attn(i, h, rope, positions, masks, prefill))
             x = x + self._mlp(i, self.norm(m.post_norm, x))
             for slot in self.taps.get(i, ()) if taps_out is not None else ():
                 taps_out[:, :, slot * self.hidden : (slot + 1) * self.hidden].copy_(x)

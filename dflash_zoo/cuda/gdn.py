@@ -1,0 +1,115 @@
+"""Gated-DeltaNet (linear-attention) layers over static state buffers, for the static engine.
+
+A GDN layer carries two states instead of K/V rows: the last K-1 inputs of its causal depthwise conv
+([1, C, K-1]) and the delta rule's recurrent state ([1, Hv, Dk, Dv], fp32). Neither can be rewound by a
+position counter, so a verify step leaves them untouched and `commit(n)` moves them past the first n verified
+rows once the acceptance is known, on device, at fixed shapes:
+- conv window: the K-1 inputs ending at row n, gathered from the verify's conv input at tensor positions;
+- recurrent state: the delta rule over the n accepted rows from the pre-verify state, in closed form
+  (`gated_delta_final_state`, the same solve as the eager engine's recompute rollback); the rows past n get
+  beta 0 and decay 1, which makes them identity steps, so the shape never depends on n.
+No replay forward, no host sync: the whole step can be a CUDA graph.
+
+The delta rule itself runs through flash-linear-attention's Triton kernels when that package is installed
+and the layer is on CUDA (the chunked kernel for prefill and verify, the fused recurrent kernel for one-row
+steps), else through the torch reference functions of the family's own transformers module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dflash_zoo.adapters._hybrid import gated_delta_final_state
+
+# (query, key, value, g, beta, initial_state, output_final_state, use_qk_l2norm_in_kernel) -> (out, state)
+DeltaRule = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def fla_kernels() -> tuple[DeltaRule, DeltaRule] | None:
+    """flash-linear-attention's (chunked, fused recurrent) gated delta rule, or None when not installed."""
+    try:
+        ops = importlib.import_module("fla.ops.gated_delta_rule")
+    except Exception:  # not installed, or installed without a working triton
+        return None
+    return ops.chunk_gated_delta_rule, ops.fused_recurrent_gated_delta_rule
+
+
+def delta_rule_kernels(gdn: nn.Module, device: torch.device) -> tuple[DeltaRule, DeltaRule, str]:
+    """(chunked rule, recurrent rule, name): flash-linear-attention on CUDA where installed, else the torch
+    reference functions of the module's own transformers file."""
+    fla = fla_kernels() if device.type == "cuda" else None
+    if fla is not None:
+        return (*fla, "flash-linear-attention")
+    home = sys.modules[type(gdn).__module__]
+    return home.torch_chunk_gated_delta_rule, home.torch_recurrent_gated_delta_rule, "torch"
+
+
+class StaticGDN:
+    """One GDN layer: prefill (from a zero state), one-row steps (state moves on), verify + `commit`."""
+
+    def __init__(self, gdn: nn.Module, parts: tuple[nn.Module, nn.Module, nn.Module], project: Callable):
+        self.gdn, (self.conv1d, self.gated_norm, self.out_proj) = gdn, parts
+        self.project = project  # (gdn, x [1, T, H]) -> (conv input [1, T, C], z [1, T, Hv, Dv], b, a [1, T, Hv])
+        self.k_size = self.conv1d.kernel_size[0]
+        channels = self.conv1d.in_channels
+        w = self.conv1d.weight  # [C, 1, K]
+        self.window = torch.zeros(1, channels, self.k_size - 1, device=w.device, dtype=w.dtype)
+        hv, dk, dv = gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim
+        self.state = torch.zeros(1, hv, dk, dv, device=w.device, dtype=torch.float32)
+        self.chunk_rule, self.recurrent_rule, self.kernels = delta_rule_kernels(gdn, w.device)
+        self._pending: tuple[torch.Tensor, ...] | None = None  # the last verify's (conv input, k, v, g, beta)
+
+    def states(self) -> list[torch.Tensor]:
+        """The tensors a step mutates in place (put back after a warm-up or capture run)."""
+        return [self.window, self.state]
+
+    def __call__(self, x: torch.Tensor, mode: str) -> torch.Tensor:
+        """x [1, T, H] -> [1, T, H]. mode: "prefill" (T prompt rows from position 0), "step" (one committed
+        row: the states move on) or "verify" (states kept; `commit` moves them)."""
+        g_mod, t = self.gdn, x.shape[1]
+        mixed, z, b, a = self.project(g_mod, x)
+        window = torch.zeros_like(self.window) if mode == "prefill" else self.window
+        conv_in = torch.cat([window, mixed.transpose(1, 2).to(window.dtype)], dim=-1)  # [1, C, K-1+T]
+        w = self.conv1d.weight
+        conv = F.conv1d(conv_in, w, self.conv1d.bias, groups=w.shape[0])  # [1, C, T]
+        conv = getattr(F, g_mod.activation)(conv).to(mixed.dtype).transpose(1, 2)  # [1, T, C]
+        q, k, v = conv.split([g_mod.key_dim, g_mod.key_dim, g_mod.value_dim], dim=-1)
+        q, k = (y.reshape(1, t, g_mod.num_k_heads, g_mod.head_k_dim) for y in (q, k))
+        v = v.reshape(1, t, g_mod.num_v_heads, g_mod.head_v_dim)
+        beta = b.sigmoid()  # [1, T, Hv]
+        g = -g_mod.A_log.float().exp() * F.softplus(a.float() + g_mod.dt_bias)  # [1, T, Hv], log decay <= 0
+        initial = None if mode == "prefill" else self.state
+        rule = self.recurrent_rule if t == 1 and mode != "prefill" else self.chunk_rule
+        core, final = rule(
+            q, k, v, g=g, beta=beta, initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True
+        )  # core [1, T, Hv, Dv]
+        if mode == "verify":
+            self._pending = (conv_in, k, v, g, beta)
+        else:
+            self.window.copy_(conv_in[..., -(self.k_size - 1) :])
+            self.state.copy_(final)
+        out = self.gated_norm(core.reshape(-1, g_mod.head_v_dim), z.reshape(-1, g_mod.head_v_dim))
+        return self.out_proj(out.reshape(1, t, -1))
+
+    def commit(self, n: torch.Tensor) -> None:
+        """Move both states past the first `n` rows of the last verify (0-d long tensor, 1 <= n <= T)."""
+        conv_in, k, v, g, beta = self._pending
+        t = k.shape[1]
+        self.window.copy_(conv_in.index_select(-1, n + torch.arange(self.k_size - 1, device=n.device)))
+        keep = (torch.arange(t, device=n.device) < n).float()[None, :, None]  # [1, T, 1]
+        gdn = self.gdn
+        k = k.float()
+        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)  # the kernels' l2 norm of the keys
+        k = k.repeat_interleave(gdn.num_v_heads // gdn.num_k_heads, dim=2).transpose(1, 2)  # [1, Hv, T, Dk]
+        v = v.float().transpose(1, 2)  # [1, Hv, T, Dv]
+        # rows past n: beta 0 and log decay 0 leave the state as it is (identity steps), at a fixed shape
+        g, beta = ((y.float() * keep).transpose(1, 2) for y in (g, beta))  # [1, Hv, T]
+        self.state.copy_(gated_delta_final_state(self.state, k, v, g, beta))
+        self._pending = None
+

@@ -1,0 +1,131 @@
+"""The static engine's layer kinds beyond plain full attention, against transformers' own modules (fp32, CPU).
+
+- Gated-DeltaNet layers (cuda/gdn.py): a verify followed by `commit(n)` must leave the conv window and the
+  recurrent state where n one-row steps would have, for every n, and the one-row steps must match
+  transformers' cached decode of the same module;
+- sliding windows and sinks (gpt-oss): generations run well past the window, and a window or sinks left out
+  of the static forward changes the logits (so the token-for-token matrix really tests them).
+The engine-level comparisons (static == eager == greedy, forced partial accepts) run for these families in the
+matrix of tests/test_fast.py and tests/test_engine.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash_zoo.cuda.fast import FastEngine
+from dflash_zoo.cuda.gdn import StaticGDN
+from dflash_zoo.engine.results import GenerationConfig
+from tests.oracles import greedy_reference
+from tests.static_matrix import STATIC_MODEL_TYPES, static_pair
+from tests.tiny import VOCAB
+
+MASK = VOCAB - 1
+HYBRID = [t for t in STATIC_MODEL_TYPES if t.startswith(("qwen3_5", "qwen3_next"))]
+
+
+def test_the_hybrid_and_sliding_families_are_in_the_matrix():
+    assert {"qwen3_5_text", "qwen3_5", "qwen3_5_moe", "qwen3_next", "gpt_oss"} <= set(STATIC_MODEL_TYPES)
+
+
+def _gdn_layer(model_type: str) -> tuple[StaticGDN, torch.nn.Module, int]:
+    adapter, drafter = static_pair(model_type)
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    i = next(i for i, g in enumerate(eng.target.gdn) if g is not None)
+    return eng.target.gdn[i], adapter.layers()[i], adapter.text_config.hidden_size
+
+
+@pytest.mark.parametrize("model_type", HYBRID)
+@pytest.mark.parametrize("n", [1, 3, 5, 8])
+def test_gdn_commit_equals_stepping_the_accepted_rows(model_type, n):
+    gdn, _, hidden = _gdn_layer(model_type)
+    gen = torch.Generator().manual_seed(n)
+    prompt, block = (torch.randn(1, t, hidden, generator=gen) for t in (11, 8))
+    with torch.inference_mode():
+        gdn(prompt, "prefill")
+        before = [s.clone() for s in gdn.states()]
+        verify_out = gdn(block, "verify")
+        assert all(torch.equal(a, b) for a, b in zip(before, gdn.states(), strict=True))  # verify keeps them
+        gdn.commit(torch.tensor(n))
+        committed = [s.clone() for s in gdn.states()]
+        for s, b in zip(gdn.states(), before, strict=True):
+            s.copy_(b)
+        step_out = torch.cat([gdn(block[:, j : j + 1], "step") for j in range(n)], dim=1)
+    torch.testing.assert_close(verify_out[:, :n], step_out, rtol=1e-4, atol=1e-5)
+    window, state = committed
+    torch.testing.assert_close(window, gdn.window, rtol=1e-5, atol=1e-6)  # the same inputs (one-row GEMMs round apart)
+    torch.testing.assert_close(state, gdn.state, rtol=1e-4, atol=1e-5)
+    if n < 8:  # the rows past n really were left out (a commit of the whole block differs)
+        for s, b in zip(gdn.states(), before, strict=True):
+            s.copy_(b)
+        with torch.inference_mode():
+            gdn(block, "verify")
+            gdn.commit(torch.tensor(8))
+        assert not torch.allclose(gdn.state, state, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", HYBRID)
+def test_gdn_prefill_and_steps_match_the_module(model_type):
+    """Prefill then one-row steps through `StaticGDN` give the outputs of the HF module over the whole
+    sequence at once (no cache: causal conv and the chunked rule from a zero state)."""
+    gdn, layer, hidden = _gdn_layer(model_type)
+    x = torch.randn(1, 14, hidden, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        want = gdn.gdn(x)
+        got = torch.cat([gdn(x[:, :10], "prefill")] + [gdn(x[:, j : j + 1], "step") for j in range(10, 14)], 1)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_gpt_oss_generation_runs_past_the_window_with_sinks():
+    adapter, drafter = static_pair("gpt_oss")
+    text = adapter.text_config
+    prompt, new = list(range(3, 15)), 24
+    assert text.sliding_window < len(prompt) < len(prompt) + new  # the window fills up early
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    sinks = [m.sinks for m in eng.target.layers]
+    assert all(s is not None and s.abs().sum() > 0 for s in sinks)
+    assert [m.window for m in eng.target.layers] == [text.sliding_window if t == "sliding_attention" else None
+                                                     for t in text.layer_types]  # fmt: skip
+    cfg = GenerationConfig(max_new_tokens=new)
+    ref = greedy_reference(adapter.model, prompt, new)
+    assert eng.speculative(prompt, cfg).output_ids == eng.autoregressive(prompt, cfg).output_ids == ref
+
+
+@pytest.mark.parametrize("drop", ["window", "sinks"])
+def test_gpt_oss_window_and_sinks_change_the_logits(drop):
+    """Without its window or its sinks the static forward no longer matches transformers (fp32)."""
+    adapter, drafter = static_pair("gpt_oss")
+    ids = torch.tensor([list(range(3, 23))])
+    with torch.inference_mode():
+        want = adapter.model(ids).logits
+        eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+        pos = torch.zeros((), dtype=torch.long)
+        got = eng.target.forward(adapter.embed(ids), pos, prefill=True)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        eng.target.layers = [m._replace(**{drop: None}) for m in eng.target.layers]
+        eng.target.masked_prefill = True  # keep the masked path: only the dropped feature differs
+        off = eng.target.forward(adapter.embed(ids), pos, prefill=True)
+    assert not torch.allclose(off, want, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("model_type", STATIC_MODEL_TYPES)
+def test_verify_commit_verify_logits_equal_transformers(model_type):
+    """Logits, not tokens (a tiny target may repeat one token): prefill, verify a block, commit part of it
+    (1, 3 or all 8 rows), verify again past the window, against transformers' forward on the committed ids."""
+    adapter, drafter = static_pair(model_type)
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    t = eng.target
+    gen = torch.Generator().manual_seed(7)
+    prompt, *blocks = (torch.randint(0, MASK, (1, n), generator=gen) for n in (10, 8, 8, 8))
+    kept = [prompt]
+    with torch.inference_mode():
+        pos = torch.zeros((), dtype=torch.long)
+        t.forward(adapter.embed(prompt), pos, prefill=True)
+        pos = pos + prompt.shape[1]
+        for block, n in zip(blocks, (3, 1, 8), strict=True):
+            got = t.forward(adapter.embed(block), pos)[0]  # [8, V]
+            want = adapter.model(torch.cat([*kept, block], 1)).logits[0, -8:]
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            t.commit(torch.tensor(n))
+            pos, kept = pos + n, [*kept, block[:, :n]]
