@@ -126,6 +126,9 @@ class StaticLayout:
     # gpt-oss: cos / sin span half a head and rotate its two halves (the same as Llama's rotate-half with
     # duplicated tables, which is how the engine applies them)
     rotary_halves: bool = False
+    # Qwen3.5's rotary embedding takes multimodal (mRoPE) position ids [axes, 1, T] (a text prompt: the same
+    # position on every axis); 0: plain [1, T] position ids
+    rotary_axes: int = 0
     # the RMSNorms are Llama's formula, `weight * normed(x).to(dtype)`, so `F.rms_norm` and the fused kernels
     # reproduce them; False (zero-centred `1 + weight`, or the weight multiplied in fp32): call each module
     llama_norms: bool = True

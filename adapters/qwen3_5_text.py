@@ -29,6 +29,7 @@ HYBRID_LAYOUT = StaticLayout(
     attention=StaticAttention(q_norm="q_norm", k_norm="k_norm", output_gate=True),
     moe=SparseMoE(),
     llama_norms=False,
+    rotary_axes=3,  # mRoPE position ids (time, height, width), as the text model builds them
     linear=StaticGDN(),
     layer_types=("linear_attention", "full_attention"),
 )

@@ -10,12 +10,13 @@ Quirks:
 - the published drafter taps [3, 11, 23, 35, 43]: these sit on full-attention layers (index = 3 mod 4), unlike
   the usual `1 + k * step` spread. Taps are taken as given, never normalised;
 - fast path: the layout of Qwen3.5 (`qwen3_5_text.HYBRID_LAYOUT`: zero-centred norms, gated attention, GDN
-  over static states); `gdn_project` unpacks the fused projections as forward does;
+  over static states) with plain 1-D rotary positions (no mRoPE); `gdn_project` unpacks the fused projections as forward does;
 - MoE MLPs (512 experts, top-10 plus a shared expert); Qwen3-Coder has no thinking mode.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from dflash_zoo.adapters import register
@@ -28,7 +29,7 @@ class Qwen3NextAdapter(HybridGDNAdapter):
     gdn_capture = ("in_proj_qkvz", "in_proj_ba")
     notes = "hybrid Gated-DeltaNet (Coder-Next): exact GDN rollback; unusual taps kept as published"
 
-    static_layout = HYBRID_LAYOUT
+    static_layout = dataclasses.replace(HYBRID_LAYOUT, rotary_axes=0)  # a plain (1-D) rotary embedding
 
     def gdn_inputs(self, gdn: Any, seen: dict[str, Any]) -> tuple[Any, Any, Any]:
         mixed, _z, b, a = _unpack(gdn, seen["in_proj_qkvz"], seen["in_proj_ba"])

@@ -5,6 +5,10 @@ streamed weight bytes over device bandwidth. Bandwidth is measured in the same r
 device copy (bytes read + written). Streamed bytes leave out an untied input-embedding table (one row is
 read per token); a DFlash step streams the target, the drafter and the target's LM head a second time (the
 drafter's logits) for `tau` tokens. KV-cache reads are left out: small next to 16 GB of weights at 1k tokens.
+A mixture-of-experts layer streams only the experts its rows route to: with E experts, top-k routing and n
+rows (1 for an autoregressive step, the block size B for a DFlash verify), uniform independent routing reads
+E (1 - (1 - k/E)^n) distinct experts on average (`expected_distinct_experts`); dense parts, routers and shared
+experts always count.
 Provenance: argv, git commit, package versions, GPU, registry entry (so a record can be reproduced).
 """
 
@@ -78,29 +82,60 @@ def _bytes(params) -> int:
     return sum(p.numel() * p.element_size() for p in params)
 
 
-# how MoE configs name their expert count (it differs across families and transformers versions)
+# how MoE configs name their expert count and their top-k (both differ across families and versions)
 EXPERT_COUNT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
+TOP_K_KEYS = ("num_experts_per_tok", "top_k_experts")  # gemma4: top_k_experts
+
+
+def missed_share(experts: int, top_k: int, rows: int) -> float:
+    """(1 - k/E)^n: the chance that none of `rows` tokens routes to a given expert.
+
+    Each token picks its k experts uniformly at random without replacement, independently of the other
+    tokens, so it misses a given expert with probability (E-1 choose k) / (E choose k) = 1 - k/E.
+    """
+    if experts < 1 or not 0 <= top_k <= experts or rows < 0:
+        raise ValueError(f"no routing of {rows} rows to top-{top_k} of {experts} experts")
+    return (1 - top_k / experts) ** rows
+
+
+def expected_distinct_experts(experts: int, top_k: int, rows: int) -> float:
+    """E (1 - (1 - k/E)^n): how many distinct experts of one layer `rows` tokens read, on average."""
+    return experts * (1 - missed_share(experts, top_k, rows))
+
+
+def moe_routing(text: Any) -> tuple[int, int]:
+    """(experts, top_k) of a text config, (0, 0) where it names no routed experts."""
+    experts = next((getattr(text, k) for k in EXPERT_COUNT_KEYS if getattr(text, k, None)), 0)
+    top_k = next((getattr(text, k) for k in TOP_K_KEYS if getattr(text, k, None)), 0)
+    return (experts, top_k) if experts and top_k else (0, 0)
 
 
 def weight_bytes(adapter: Any, drafter: Any, block: int = 1) -> dict[str, int]:
     """Streamed bytes per forward: target (minus an untied input embedding), drafter, LM head.
 
-    A mixture-of-experts target streams only the experts it routes to: k of E for one token
-    (`target_streamed`) and, under uniform routing, a share 1 - (1 - k/E)^B of them for a B-token verify
-    (`target_streamed_verify`). Dense targets stream everything either way.
+    A mixture-of-experts target streams only the experts it routes to: of a layer's E experts, one token reads
+    k (`target_streamed`) and a B-token verify E (1 - (1 - k/E)^B) on average under uniform routing
+    (`target_streamed_verify`); everything outside `.experts.` (attention, dense and shared-expert MLPs,
+    routers, norms) is streamed by both. Dense targets stream everything either way.
     """
     model, text = adapter.model, adapter.text_config
     emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    # tied: one tensor (identity also holds on the meta device, where every data_ptr() is 0)
+    tied = emb is head or (not emb.is_meta and emb.data_ptr() == head.data_ptr())
     total = _bytes(model.parameters())
-    streamed = total - (_bytes([emb]) if emb.data_ptr() != head.data_ptr() else 0)
+    streamed = total - (0 if tied else _bytes([emb]))
     experts = _bytes(p for n, p in model.named_parameters() if ".experts." in n)
-    n_experts = next((getattr(text, k) for k in EXPERT_COUNT_KEYS if getattr(text, k, None)), 0)
-    top_k = getattr(text, "num_experts_per_tok", 0)
-    miss = 1 - top_k / n_experts if experts and n_experts and top_k else 0.0  # share of experts a token skips
+    n_experts, top_k = moe_routing(text)
+
+    def routed(rows: int) -> int:  # streamed bytes less the expert bytes no row of `rows` reads
+        if not (experts and n_experts):
+            return streamed
+        return streamed - round(experts * missed_share(n_experts, top_k, rows))
+
     return {
         "target_total": total,
-        "target_streamed": streamed - round(experts * miss),
-        "target_streamed_verify": streamed - round(experts * miss**block),  # skipped by all B tokens
+        "target_streamed": routed(1),
+        "target_streamed_verify": routed(block),
         "drafter": _bytes(drafter.parameters()),
         "lm_head": _bytes([head]),
     }

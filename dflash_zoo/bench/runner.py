@@ -1,7 +1,7 @@
 """`bench`: autoregressive vs DFlash on the same target and prompt, with a provenance record.
 
 Sources: a real pair (`--target/--draft` or a registry id, via `api.load`), the embedded demo pair, or a
-random-weight target of a named shape (`SHAPES`, from published config.json files; nothing is downloaded).
+random-weight target of a named shape (`shapes.py`, from published config.json files; nothing is downloaded).
 Paths: `eager` (decode.py, the reference) and `fast` (fast.py: static caches + CUDA graphs).
 Reported per path and mode: tok/s (median over repeats), speedup, mean acceptance length + histogram, time to
 first token, peak GPU memory, and the fraction of the bandwidth roofline (streamed weight bytes over a device
@@ -25,6 +25,8 @@ from typing import Any
 import torch
 
 from dflash_zoo.bench import meta as benchmeta
+from dflash_zoo.bench.shapes import CODER_MOE, SHAPES, Shape, shape_target  # noqa: F401 (re-exported)
+from dflash_zoo.bench.shapes import shape_drafter as _random_drafter
 from dflash_zoo.cuda import kernels
 from dflash_zoo.engine.decode import EagerEngine
 from dflash_zoo.engine.results import GenerationConfig, GenerationResult
@@ -32,58 +34,6 @@ from dflash_zoo.engine.run import Engine
 
 log = logging.getLogger("dflash_zoo")
 SCHEMA = "dflash-zoo.bench/1"
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A target shape (+ a random drafter for it). ffn: target intermediate size."""
-
-    model_type: str
-    hidden: int
-    layers: int
-    vocab: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    rope_theta: float
-    mask_token_id: int
-    draft_layers: int = 5
-    draft_taps: int = 5
-    block_size: int = 16
-    extra: dict = field(default_factory=dict)
-
-
-CODER_MOE = {  # the MoE fields of Qwen3-Coder-30B-A3B-Instruct's config.json (docs/families.md)
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "moe_intermediate_size": 768,
-    "norm_topk_prob": True,
-}
-# the targets' and z-lab drafters' config.json (docs/families.md): H, L, V, q/kv/hd; drafter FFN, B, mask id.
-# Target FFN: Qwen3-8B 12288 (= its drafter's); Llama-3.1-8B 14336 (its config.json); Qwen3.5-9B: the
-# qwen3_5_text config default (12288).
-SHAPES: dict[str, Shape] = {
-    "qwen3-8b": Shape("qwen3", 4096, 36, 151936, 32, 8, 128, 12288, 1e6, 151669),
-    "qwen3-4b": Shape(
-        "qwen3", 2560, 36, 151936, 32, 8, 128, 9728, 1e6, 151669, extra={"tie_word_embeddings": True}
-    ),
-    "llama-3.1-8b": Shape("llama", 4096, 32, 128256, 32, 8, 128, 14336, 5e5, 128255, block_size=10),
-    "qwen3.5-9b": Shape("qwen3_5_text", 4096, 32, 248320, 16, 4, 256, 12288, 1e7, 248070),
-    # Qwen3-Coder-30B-A3B (48 layers of 128 experts, top 8; rope theta 1e7 assumed: no source states it, see
-    # docs/families.md) and its 8-layer drafter (FFN 6144 = the target's dense intermediate size)
-    "qwen3-coder-30b-a3b": Shape(
-        "qwen3_moe", 2048, 48, 151936, 32, 4, 128, 6144, 1e7, 151669, draft_layers=8, extra=CODER_MOE
-    ),
-    # Qwen3-32B's config.json (no published drafter: a capacity shape for `--devices`, ~65 GB in bf16)
-    "qwen3-32b": Shape("qwen3", 5120, 64, 151936, 64, 8, 128, 25600, 1e6, 151669),
-    "tiny-qwen3": Shape(
-        "qwen3", 64, 4, 256, 4, 2, 16, 128, 1e6, 255, draft_layers=2, draft_taps=2, block_size=8
-    ),
-    "tiny-llama": Shape(
-        "llama", 64, 4, 256, 4, 2, 16, 128, 1e4, 255, draft_layers=2, draft_taps=2, block_size=8
-    ),
-}
 
 
 @dataclass(frozen=True)
@@ -143,32 +93,6 @@ def whatif_new_tokens(tau: float, requested: int) -> int:
 
 
 # ---- building subjects ---------------------------------------------------------------------------
-def shape_target(s: Shape, device: str, dtype: torch.dtype, max_positions: int = 40960) -> Any:
-    """A random-weight transformers model of shape `s`, built directly on `device` (no download)."""
-    import transformers
-
-    from dflash_zoo.adapters import get_adapter
-
-    kw = dict(
-        vocab_size=s.vocab,
-        hidden_size=s.hidden,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        num_key_value_heads=s.kv_heads,
-        head_dim=s.head_dim,
-        intermediate_size=s.ffn,
-        max_position_embeddings=max_positions,
-        rope_parameters={"rope_type": "default", "rope_theta": s.rope_theta},
-        **s.extra,
-    )
-    if s.model_type == "qwen3_5_text":
-        kw["rope_parameters"]["partial_rotary_factor"] = 0.25
-    cfg = transformers.AutoConfig.for_model(s.model_type, **kw)
-    auto = getattr(transformers, get_adapter(s.model_type).auto_class)
-    with torch.device(device):
-        return auto.from_config(cfg, dtype=dtype).eval()
-
-
 def random_subject(
     name: str, device: str, dtype: torch.dtype, opts: BenchOptions, devices: list[str] | None = None
 ) -> Subject:
@@ -198,7 +122,11 @@ def random_subject(
         adapter = get_adapter(s.model_type)(shape_target(s, device, dtype, positions))
         drafter = _random_drafter(s, device, dtype)
     gen = torch.Generator().manual_seed(opts.seed)
-    prompt = torch.randint(0, s.mask_token_id, (opts.prompt_tokens,), generator=gen).tolist()
+    # ids below the mask id, which sits near the top of most tables; a mask id low in the table (Gemma 4's 4)
+    # would leave a handful of ids, so there the whole table is drawn from, the mask id moved one up
+    high = s.mask_token_id if s.mask_token_id >= s.vocab // 2 else s.vocab
+    ids = torch.randint(0, high, (opts.prompt_tokens,), generator=gen).tolist()
+    prompt = [t + 1 if t == s.mask_token_id else t for t in ids]
     source = {
         "kind": "shape",
         "shape": name,
@@ -207,37 +135,6 @@ def random_subject(
         "placement": placement.plan.to_dict() if placement else None,
     }
     return Subject(adapter, drafter, s.mask_token_id, prompt, source, placement)
-
-
-def _random_drafter(s: Shape, device: str, dtype: torch.dtype) -> Any:
-    """A random DFlash drafter for shape `s` (z-lab drafter sizes for the 8B-class hidden sizes)."""
-    from dflash_zoo.engine.config import default_target_layer_ids, normalize_draft_config
-    from dflash_zoo.engine.drafter import DFlashDrafter
-
-    taps = default_target_layer_ids(s.layers, s.draft_taps)
-    draft = normalize_draft_config(
-        {
-            "model_type": "qwen3",
-            "hidden_size": s.hidden,
-            "intermediate_size": 12288 if s.hidden == 4096 else s.ffn,
-            "num_hidden_layers": s.draft_layers,
-            "num_attention_heads": 32 if s.hidden >= 2560 else s.heads,
-            "num_key_value_heads": 8 if s.hidden >= 2560 else s.kv_heads,
-            "head_dim": 128 if s.hidden >= 2560 else s.head_dim,
-            "vocab_size": s.vocab,
-            "rms_norm_eps": 1e-6,
-            "rope_theta": s.rope_theta,
-            "max_position_embeddings": 40960,
-            "num_target_layers": s.layers,
-            "dflash_config": {
-                "block_size": s.block_size,
-                "target_layer_ids": taps,
-                "mask_token_id": s.mask_token_id,
-            },
-        }
-    )
-    with torch.device(device):
-        return DFlashDrafter(draft).to(dtype).eval()
 
 
 def pair_subject(

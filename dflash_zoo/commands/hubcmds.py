@@ -421,6 +421,8 @@ def env_report() -> dict[str, Any]:
     report.update(_torch_report())
     report |= {"transformers": ver("transformers"), "huggingface_hub": ver("huggingface_hub")}
     report["triton"] = ver("triton")  # the CUDA fast path's kernels (dflash_zoo/cuda/kernels.py)
+    # the gated delta rule's kernels on CUDA (cuda/gdn.py; the `cuda` extra)
+    report["flash_linear_attention"] = ver("flash-linear-attention")
     report |= {"hf_home": str(hub.hf_home()), "hf_hub_cache": str(hub.hub_cache_dir()),
                "hf_endpoint": hub.hub_endpoint(), "dflash_zoo_home": _zoo_home(), "offline": hub.is_offline()}  # fmt: skip
     from dflash_zoo import demo

@@ -18,6 +18,7 @@ steps), else through the torch reference functions of the family's own transform
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable
 
@@ -32,7 +33,10 @@ DeltaRule = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
 def fla_kernels() -> tuple[DeltaRule, DeltaRule] | None:
-    """flash-linear-attention's (chunked, fused recurrent) gated delta rule, or None when not installed."""
+    """flash-linear-attention's (chunked, fused recurrent) gated delta rule, or None when not installed
+    (or turned off with `DFLASH_ZOO_FLA=0`)."""
+    if os.environ.get("DFLASH_ZOO_FLA", "1") == "0":
+        return None
     try:
         ops = importlib.import_module("fla.ops.gated_delta_rule")
     except Exception:  # not installed, or installed without a working triton
@@ -80,7 +84,9 @@ class StaticGDN:
         conv = F.conv1d(conv_in, w, self.conv1d.bias, groups=w.shape[0])  # [1, C, T]
         conv = getattr(F, g_mod.activation)(conv).to(mixed.dtype).transpose(1, 2)  # [1, T, C]
         q, k, v = conv.split([g_mod.key_dim, g_mod.key_dim, g_mod.value_dim], dim=-1)
-        q, k = (y.reshape(1, t, g_mod.num_k_heads, g_mod.head_k_dim) for y in (q, k))
+        # each key head serves Hv / Hk value heads: repeated here (transformers 5.17's reference rule expects it)
+        rep = g_mod.num_v_heads // g_mod.num_k_heads
+        q, k = (y.reshape(1, t, g_mod.num_k_heads, g_mod.head_k_dim).repeat_interleave(rep, 2) for y in (q, k))
         v = v.reshape(1, t, g_mod.num_v_heads, g_mod.head_v_dim)
         beta = b.sigmoid()  # [1, T, Hv]
         g = -g_mod.A_log.float().exp() * F.softplus(a.float() + g_mod.dt_bias)  # [1, T, Hv], log decay <= 0
@@ -103,10 +109,9 @@ class StaticGDN:
         t = k.shape[1]
         self.window.copy_(conv_in.index_select(-1, n + torch.arange(self.k_size - 1, device=n.device)))
         keep = (torch.arange(t, device=n.device) < n).float()[None, :, None]  # [1, T, 1]
-        gdn = self.gdn
         k = k.float()
         k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)  # the kernels' l2 norm of the keys
-        k = k.repeat_interleave(gdn.num_v_heads // gdn.num_k_heads, dim=2).transpose(1, 2)  # [1, Hv, T, Dk]
+        k = k.transpose(1, 2)  # [1, Hv, T, Dk] (heads repeated in __call__)
         v = v.float().transpose(1, 2)  # [1, Hv, T, Dv]
         # rows past n: beta 0 and log decay 0 leave the state as it is (identity steps), at a fixed shape
         g, beta = ((y.float() * keep).transpose(1, 2) for y in (g, beta))  # [1, Hv, T]

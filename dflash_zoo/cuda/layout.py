@@ -200,6 +200,18 @@ def layout_reason(adapter: TargetAdapter) -> str | None:
     return None
 
 
+def cuda_unverified_reason(adapter: TargetAdapter) -> str | None:
+    """Why the static engine should not be this target's default on CUDA although it can run it (None: no
+    reason). Gated-DeltaNet layers are verified token for token on CPU (fp32) only: their first H200 run failed
+    on a transformers 5.17 difference (its Qwen3.5 rotary embedding takes mRoPE position ids only), fixed and
+    tested since on CPU, but neither flash-linear-attention's kernels nor CUDA graphs of those layers have run
+    since, so CUDA users get them only by asking (`fast=True`)."""
+    layout = type(adapter).static_layout
+    if layout is not None and layout.linear is not None and "linear_attention" in layer_kinds(adapter):
+        return "the static engine's Gated-DeltaNet layers are verified on CPU only, not yet on CUDA"
+    return None
+
+
 def graph_unsafe_reason(adapter: TargetAdapter) -> str | None:
     """Why a step of this target would sync with the host, so cannot be captured (None: it would not).
 

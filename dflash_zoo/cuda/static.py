@@ -250,11 +250,17 @@ def _group_mask(mask: torch.Tensor, g: int, dtype: torch.dtype) -> torch.Tensor:
     return add.repeat(g, 1)[None, None]
 
 
-def _rotary_width(mods, halves: bool) -> int:
+def _position_ids(positions: torch.Tensor, axes: int) -> torch.Tensor:
+    """[T] -> the position ids the rotary embedding takes: [1, T], or [axes, 1, T] for mRoPE."""
+    return positions[None, None].expand(axes, 1, -1) if axes else positions[None]
+
+
+def _rotary_width(mods) -> int:
     """How many dims of a head rotate (partial rotary: fewer than the head size)."""
     probe = torch.zeros(1, 1, device=mods.final_norm.weight.device, dtype=mods.final_norm.weight.dtype)
-    cos, _ = mods.rotary_emb(probe, torch.zeros(1, 1, dtype=torch.long, device=probe.device))
-    return cos.shape[-1] * (2 if halves else 1)
+    zero = torch.zeros(1, dtype=torch.long, device=probe.device)
+    cos, _ = mods.rotary_emb(probe, _position_ids(zero, mods.layout.rotary_axes))
+    return cos.shape[-1] * (2 if mods.layout.rotary_halves else 1)
 
 
 class StaticTarget:
@@ -313,7 +319,8 @@ class StaticTarget:
             self.k.append(buf)
             self.v.append(None if buf is None else torch.zeros_like(buf))
         self.key_pos = torch.arange(max_len, device=dev)  # [S]
-        self.rot = _rotary_width(mods, self.halves) if any(q is not None for q in self.qkv) else 0
+        self.rot = _rotary_width(mods) if any(q is not None for q in self.qkv) else 0
+        self.axes = layout.rotary_axes
         # the one-kernel rotary + K/V write: Llama-formula q/k norms, no output gate
         self.rope_kernel = [self.fused and not m.output_gate for m in self.layers]
         # layers whose prefill cannot use the causal flash kernel: windows and sinks need a mask
@@ -386,7 +393,7 @@ class StaticTarget:
         positions = pos + self.key_pos[:t]  # [T]
         rope = None
         if self.rot:
-            cos, sin = self.rotary_emb(emb, positions[None])  # [1, T, rot] ([1, T, rot / 2] for halves)
+            cos, sin = self.rotary_emb(emb, _position_ids(positions, self.axes))  # [1, T, rot] (rot / 2: halves)
             cos, sin = cos[0], sin[0]
             rope = (torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)) if self.halves else (cos, sin)
         masks = self._masks(positions, prefill, emb.dtype)

@@ -1,7 +1,8 @@
 """The one place that decides which engine runs a generation, and says why.
 
 The static engine (`cuda/fast.py`) runs when the target sits whole on one CUDA device, its adapter declares a
-static layout, and the prompt carries no prefill-only inputs (images). Everything else runs the eager engine
+static layout, and the prompt carries no prefill-only inputs (images); a layout verified on CPU only (Gated-DeltaNet
+layers, `cuda/layout.py`) runs there only when asked for (`fast=True`). Everything else runs the eager engine
 (`engine/decode.py`), which serves every family, device and placement. Greedy and sampling, streaming or not,
 what-if acceptance and smaller block sizes are all served by both, so they never decide the engine.
 """
@@ -64,9 +65,13 @@ def choose_engine(
     elif prefill_inputs:
         reason = "image inputs run on the eager engine"
     else:
+        from dflash_zoo.cuda.layout import cuda_unverified_reason
         from dflash_zoo.cuda.static import unsupported_reason
 
         reason = unsupported_reason(adapter, graphs=cuda)
+        unverified = cuda_unverified_reason(adapter) if cuda and options.fast is None else None
+        if reason is None and unverified is not None:
+            return EngineChoice("eager", f"auto: {unverified} (fast=True runs it)")
     if reason is not None:
         return EngineChoice("eager", f"fast engine unavailable: {reason}")
     return EngineChoice("fast", "static buffers and CUDA graphs" if cuda else "static buffers (no graphs off CUDA)")
