@@ -61,6 +61,7 @@ class StaticAttention:
     o_proj: str = "o_proj"
     q_norm: str | None = None  # Qwen3 names "q_norm" / "k_norm"; None: no q/k norm (Llama)
     k_norm: str | None = None
+    qk_norm_per_head: bool = True  # False: one norm over all heads at once, before the head split (MiniMax-M2)
     head_dim: str = "head_dim"  # attributes of the attention module (ints / floats, read once)
     scaling: str = "scaling"  # the softmax scale
     sinks: str | None = None  # gpt-oss "sinks": a learned per-head logit joined to every softmax; None: none

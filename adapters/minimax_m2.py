@@ -8,6 +8,8 @@ Quirks:
   `load_model` converts it itself;
 - q/k RMSNorm runs over all heads concatenated (width heads x head_dim), before the head split;
 - MoE (256 experts, top-8) with full attention everywhere: plain `DynamicCache`, negative crop is exact;
+- fast path: Qwen3's layout with the q/k norms over all heads at once; partial rotary comes with the rotary
+  embedding's tables; the MoE block (sigmoid routing with a score-correction bias) runs as its module;
 - the model always emits `<think>...</think>`; there is no template switch. bos 200034, eos 200020.
 """
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from dflash_zoo.adapters import register
-from dflash_zoo.adapters.base import TargetAdapter
+from dflash_zoo.adapters.base import SparseMoE, StaticAttention, StaticLayout, TargetAdapter
 
 
 def fix_partial_rotary(config: Any) -> Any:
@@ -32,6 +34,11 @@ def fix_partial_rotary(config: Any) -> Any:
 @register("minimax_m2")
 class MiniMaxM2Adapter(TargetAdapter):
     notes = "partial rotary (rope_parameters); q/k norm over all heads; MoE"
+    static_layout = StaticLayout(
+        attention=StaticAttention(q_norm="q_norm", k_norm="k_norm", qk_norm_per_head=False),
+        mlp=None,
+        moe=SparseMoE(),
+    )
 
     @classmethod
     def load_model(cls, directory: str, dtype: Any, device: Any) -> Any:

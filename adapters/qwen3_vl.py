@@ -13,7 +13,10 @@ Quirks:
   stale delta from its second forward on. `new_cache` therefore clears it before every prefill;
 - deepstack: visual features are added to the first decoder layers' outputs at image positions during
   prefill only; taps see them as the target's own hidden states;
-- images (`accepts_images`): pixel values, `image_grid_thw` and `mm_token_type_ids` go to the prefill only.
+- images (`accepts_images`): pixel values, `image_grid_thw` and `mm_token_type_ids` go to the prefill only;
+- fast path (text prompts; an image prompt runs the eager engine): Qwen3's layout (q/k norms) with the text
+  model's rotary embedding, fed mRoPE position ids (a text prompt: the same position on every axis); the MoE
+  variant's sparse blocks run as their modules.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from dflash_zoo.adapters import register
-from dflash_zoo.adapters.base import TargetAdapter
+from dflash_zoo.adapters.base import SparseMoE, StaticAttention, StaticLayout, TargetAdapter
 
 
 @register("qwen3_vl")
@@ -30,6 +33,12 @@ class Qwen3VLAdapter(TargetAdapter):
     auto_class = "AutoModelForImageTextToText"
     accepts_images = True
     notes = "VLM wrapper; mRoPE deltas reset per generation"
+    static_layout = StaticLayout(
+        attention=StaticAttention(q_norm="q_norm", k_norm="k_norm"),
+        moe=SparseMoE(),
+        rotary_emb="model.language_model.rotary_emb",
+        rotary_axes=3,
+    )
 
     def new_cache(self) -> Any:
         self.model.model.rope_deltas = None  # stale deltas from an earlier image prompt would shift positions

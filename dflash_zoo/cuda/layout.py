@@ -32,7 +32,8 @@ class LayerModules(NamedTuple):
     k: nn.Linear | None
     v: nn.Linear | None
     o: nn.Linear | None
-    qk_norm: tuple[nn.Module, nn.Module] | None  # per-head RMSNorms of q and k; None: none
+    qk_norm: tuple[nn.Module, nn.Module] | None  # RMSNorms of q and k; None: none
+    qk_norm_per_head: bool  # the q/k norms run per head (else over all heads, before the head split)
     scaling: float | None  # the softmax scale
     window: int | None  # sliding layers: keys within `window` positions of the query (the query included)
     sinks: torch.Tensor | None  # [heads] per-head sink logits; None: none
@@ -115,8 +116,8 @@ def _attention(adapter: TargetAdapter, layout: StaticLayout, kind: str, layer: n
         window = int(_lookup(adapter, adapter.text_config, layout.sliding_window, "the text config"))
     sinks = _lookup(adapter, attn, at.sinks, aw) if at.sinks is not None else None
     scaling = _lookup(adapter, attn, at.scaling, aw)
-    return dict(q=q, k=k, v=v, o=o, qk_norm=qk, scaling=scaling, window=window, sinks=sinks,
-                output_gate=at.output_gate)  # fmt: skip
+    return dict(q=q, k=k, v=v, o=o, qk_norm=qk, qk_norm_per_head=at.qk_norm_per_head, scaling=scaling,
+                window=window, sinks=sinks, output_gate=at.output_gate)  # fmt: skip
 
 
 def _linear_attention(adapter: TargetAdapter, layout: StaticLayout, layer: nn.Module, where: str) -> dict:
@@ -136,8 +137,8 @@ def _linear_attention(adapter: TargetAdapter, layout: StaticLayout, layer: nn.Mo
 
 def _layer(adapter: TargetAdapter, layout: StaticLayout, i: int, kind: str, layer: nn.Module) -> LayerModules:
     where = f"layer {i}"
-    mixer = dict(q=None, k=None, v=None, o=None, qk_norm=None, scaling=None, window=None, sinks=None,
-                 output_gate=False, gdn=None, gdn_parts=None)  # fmt: skip
+    mixer = dict(q=None, k=None, v=None, o=None, qk_norm=None, qk_norm_per_head=True, scaling=None, window=None,
+                 sinks=None, output_gate=False, gdn=None, gdn_parts=None)  # fmt: skip
     if kind == "linear_attention":
         mixer.update(_linear_attention(adapter, layout, layer, where))
     else:

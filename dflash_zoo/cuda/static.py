@@ -200,12 +200,14 @@ def _swiglu(act, gate: torch.Tensor, up: torch.Tensor, kernel: bool) -> torch.Te
     return fused_ops.silu_mul(gate, up) if kernel else act(gate) * up
 
 
-def _qkv_store(proj, x, heads: int, norm, qk, rope, positions, buffers, fused: bool, gated: bool = False):
+def _qkv_store(
+    proj, x, heads: int, norm, qk, rope, positions, buffers, fused: bool, gated: bool = False, per_head: bool = True
+):
     """x [1, T, H] through `proj` (q/k/v, or k/v alone with heads 0) -> q [1, heads, T, hd], normed by the
     `qk` modules (q_norm, k_norm; None: no qk norm) and rotated by `rope` (cos, sin); None with heads 0. k is
     normed and rotated the same way and written with v into `buffers` ([1, kvh, S, hd] each) at `positions`.
     `fused`: all of it in one kernel (`fused_ops.rope_store`). `gated`: q's projection emits [query | gate]
-    per head; returns (q, gate [1, T, heads * hd])."""
+    per head; returns (q, gate [1, T, heads * hd]). `per_head` False: the q/k norms span all heads."""
     (cos, sin), (k_buf, v_buf) = rope, buffers
     if fused:
         w = (qk[0].weight, qk[1].weight) if qk else (None, None)
@@ -214,7 +216,10 @@ def _qkv_store(proj, x, heads: int, norm, qk, rope, positions, buffers, fused: b
         )
         return q[None] if heads else None
     t, hd = x.shape[1], k_buf.shape[-1]
-    *q, k, v = (y.view(1, t, -1, hd) for y in proj(x))  # [1, T, heads (x2 gated) or kvh, hd]
+    *q, k, v = proj(x)  # [1, T, heads * hd (x2 gated) or kvh * hd]
+    if qk and not per_head:  # one norm over every head's dims at once, before the split
+        q, k, qk = [norm(qk[0], y) for y in q], norm(qk[1], k), None
+    *q, k, v = (y.view(1, t, -1, hd) for y in (*q, k, v))  # [1, T, heads (x2 gated) or kvh, hd]
     gate = None
     if gated:  # per head [query (hd) | gate (hd)]
         query, gate = q[0].reshape(1, t, heads, 2 * hd).chunk(2, dim=-1)
@@ -321,8 +326,8 @@ class StaticTarget:
         self.key_pos = torch.arange(max_len, device=dev)  # [S]
         self.rot = _rotary_width(mods) if any(q is not None for q in self.qkv) else 0
         self.axes = layout.rotary_axes
-        # the one-kernel rotary + K/V write: Llama-formula q/k norms, no output gate
-        self.rope_kernel = [self.fused and not m.output_gate for m in self.layers]
+        # the one-kernel rotary + K/V write: Llama-formula q/k norms per head, no output gate
+        self.rope_kernel = [self.fused and not m.output_gate and m.qk_norm_per_head for m in self.layers]
         # layers whose prefill cannot use the causal flash kernel: windows and sinks need a mask
         self.masked_prefill = any(m.window is not None or m.sinks is not None for m in self.layers)
 
@@ -342,7 +347,8 @@ class StaticTarget:
         t = x.shape[1]
         heads, buffers = self.group * self.kvh, (self.k[i], self.v[i])
         fused, gated = self.rope_kernel[i], m.output_gate
-        q = _qkv_store(self.qkv[i], x, heads, self.norm, m.qk_norm, rope, positions, buffers, fused, gated)
+        q = _qkv_store(self.qkv[i], x, heads, self.norm, m.qk_norm, rope, positions, buffers, fused, gated,
+                       m.qk_norm_per_head)  # fmt: skip
         q, gate = q if gated else (q, None)
         gmask = masks.get(m.window)
         if prefill and gmask is None:  # from position 0: causal flash kernel over the prompt, no mask tensor
