@@ -65,6 +65,13 @@ class StaticAttention:
     head_dim: str = "head_dim"  # attributes of the attention module (ints / floats, read once)
     scaling: str = "scaling"  # the softmax scale
     sinks: str | None = None  # gpt-oss "sinks": a learned per-head logit joined to every softmax; None: none
+    v_norm: str | None = None  # Gemma 4: an RMSNorm (without weight) on the values; None: none
+    # Gemma 4 global layers: no v_proj (the module's is None), the values are the key projection before its norm
+    k_eq_v: bool = False
+    # Gemma 4 E2B/E4B: layers that reuse the K/V of the last earlier layer of their type storing them; module
+    # attributes (bools) naming which layers reuse and which store; None: every layer has its own K/V
+    kv_shared: str | None = None
+    kv_store: str | None = None
     # Qwen3.5 / Qwen3-Next: q_proj emits [query | gate] per head and the output is attn * sigmoid(gate)
     output_gate: bool = False
 
@@ -92,6 +99,40 @@ class SparseMoE:
     # config attribute naming transformers' experts implementation (`integrations/moe.py`): the static engine
     # reads it to tell whether a step would sync with the host, so whether it can be a CUDA graph
     implementation: str = "_experts_implementation"
+
+
+@dataclass(frozen=True)
+class SandwichNorms:
+    """Gemma: each sublayer's output is normed too, before its residual add (`post_attention_norm` of the
+    layout then names the MLP's input norm)."""
+
+    attention_out: str = "post_attention_layernorm"
+    mlp_out: str = "post_feedforward_layernorm"
+
+
+@dataclass(frozen=True)
+class ParallelMoE:
+    """Gemma 4 26B-A4B: routed experts beside the dense MLP, children of the decoder layer, on the MLP's input
+    residual: mlp_out = norm1(mlp(x)) + norm2(experts(norm_in(x), router(x)))."""
+
+    enabled: str = "enable_moe_block"  # decoder-layer attribute (bool)
+    router: str = "router"  # called (x [N, H]) -> (logits, top-k weights, top-k indices)
+    experts: str = "experts"  # called (x [N, H], indices, weights) -> [N, H]
+    dense_out_norm: str = "post_feedforward_layernorm_1"
+    experts_in_norm: str = "pre_feedforward_layernorm_2"
+    experts_out_norm: str = "post_feedforward_layernorm_2"
+
+
+@dataclass(frozen=True)
+class PerLayerInput:
+    """Gemma 4 E2B/E4B: each layer adds norm(projection(act(gate(x)) * e_i)), e_i its slice of per-layer token
+    embeddings, which the adapter computes (`per_layer_inputs(ids, emb)` -> [1, T, layers, width])."""
+
+    width: str = "hidden_size_per_layer_input"  # config key; 0 / None: the target has none
+    gate: str = "per_layer_input_gate"  # decoder-layer modules
+    projection: str = "per_layer_projection"
+    norm: str = "post_per_layer_input_norm"
+    act: str = "act_fn"
 
 
 @dataclass(frozen=True)
@@ -134,8 +175,17 @@ class StaticLayout:
     # reproduce them; False (zero-centred `1 + weight`, or the weight multiplied in fp32): call each module
     llama_norms: bool = True
     sliding_window: str = "sliding_window"  # config key of the window of `sliding_attention` layers
+    # Gemma 4: one rotary embedding with tables per layer type, called (x, position_ids, layer_type)
+    rotary_by_layer_type: bool = False
+    sandwich: SandwichNorms | None = None  # Gemma: norms on the sublayer outputs too
+    parallel_moe: ParallelMoE | None = None
+    per_layer_input: PerLayerInput | None = None
+    layer_scalar: str | None = None  # Gemma 4: a decoder-layer buffer the layer's output is multiplied by
     linear: StaticGDN | None = None  # how `linear_attention` layers run; None: the family has none
     layer_types: tuple[str, ...] = ("full_attention",)  # config `layer_types` values the engine can run
+    # the layout has passed the GPU tests (CUDA graphs equal the eager engine, fp32); until then CUDA users
+    # get the static engine only by asking for it (`fast=True`), CPU tests cover it either way
+    cuda_verified: bool = False
 
     def __post_init__(self) -> None:
         if self.mlp is None and self.moe is None:

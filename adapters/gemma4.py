@@ -9,10 +9,14 @@ Quirks (on top of `gemma4_text`, whose embed scale, soft-cap, sliding and KV-sha
   `image_position_ids` go to the prefill forward only (dflash_zoo/engine/vision.py). Gemma 4 uses plain 1-D
   positions, so text-only verify forwards on the same cache need no extra state. Image tokens attend
   bidirectionally inside their block at prefill (`mm_token_type_ids`); later tokens are causal anyway;
-- the 26B-A4B MoE runs a dense FFN beside the experts; neither changes what a tap sees.
+- the 26B-A4B MoE runs a dense FFN beside the experts; neither changes what a tap sees;
+- fast path (text prompts; an image prompt runs the eager engine): the text family's layout with the wrapped
+  text model's rotary embedding.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from dflash_zoo.adapters import register
 from dflash_zoo.adapters.gemma4_text import Gemma4TextAdapter
@@ -23,3 +27,4 @@ class Gemma4Adapter(Gemma4TextAdapter):
     layers_path = "model.language_model.layers"
     auto_class = "AutoModelForImageTextToText"
     accepts_images = True
+    static_layout = dataclasses.replace(Gemma4TextAdapter.static_layout, rotary_emb="model.language_model.rotary_emb")

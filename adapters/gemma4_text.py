@@ -12,7 +12,12 @@ Quirks:
   to the cache (`DummyLayer` entries in 5.24). transformers also feeds those layers only the last
   `logits_to_keep` positions when `logits_to_keep` is an int > 0, which would cut the prefill taps there;
   a tensor of positions disables that shortcut, so `forward` passes one;
-- tied LM head (`lm_head.weight` is the embedding); `get_output_embeddings()` covers tied and untied.
+- tied LM head (`lm_head.weight` is the embedding); `get_output_embeddings()` covers tied and untied;
+- fast path: sandwich norms (attention and MLP outputs normed before their residual adds), Gemma's RMSNorm
+  (weight multiplied in fp32: the modules run), q/k norms and a weightless v norm, softmax scale 1, global
+  layers with their own head size and KV heads whose values are the key projection (K = V), rotary tables per
+  layer type, KV-shared tail layers reading the K/V buffers of the last layer of their type that stores them,
+  per-layer inputs (`per_layer_inputs`), the 26B-A4B experts beside the dense MLP, and the layer scalar.
 """
 
 from __future__ import annotations
@@ -20,7 +25,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dflash_zoo.adapters import register
-from dflash_zoo.adapters.base import Problem, TargetAdapter
+from dflash_zoo.adapters.base import (
+    GatedMLP,
+    ParallelMoE,
+    PerLayerInput,
+    Problem,
+    SandwichNorms,
+    StaticAttention,
+    StaticLayout,
+    TargetAdapter,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -32,6 +46,25 @@ if TYPE_CHECKING:
 class Gemma4TextAdapter(TargetAdapter):
     cache_strategy = "crop-with-recording"
     notes = "embed x sqrt(H); final-logit soft-cap; sliding/full 5:1; KV-shared tail (E2B/E4B)"
+    static_layout = StaticLayout(
+        attention=StaticAttention(
+            q_norm="q_norm",
+            k_norm="k_norm",
+            v_norm="v_norm",
+            k_eq_v=True,
+            kv_shared="is_kv_shared_layer",
+            kv_store="store_full_length_kv",
+        ),
+        mlp=GatedMLP(activation="hidden_activation"),
+        post_attention_norm="pre_feedforward_layernorm",  # the MLP's input norm
+        sandwich=SandwichNorms(),
+        parallel_moe=ParallelMoE(),
+        per_layer_input=PerLayerInput(),
+        layer_scalar="layer_scalar",
+        llama_norms=False,
+        rotary_by_layer_type=True,
+        layer_types=("sliding_attention", "full_attention"),
+    )
 
     @classmethod
     def validate(cls, target_config: dict[str, Any], draft: DraftConfig) -> list[Problem]:
@@ -54,6 +87,14 @@ class Gemma4TextAdapter(TargetAdapter):
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits
+
+    def per_layer_inputs(self, ids: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        """ids [1, T], their embeddings [1, T, H] -> [1, T, layers, width]: what each layer's per-layer input
+        branch receives (E2B/E4B), computed by the text model's own two steps."""
+        import operator
+
+        text_model = operator.attrgetter(self.layers_path.rpartition(".")[0])(self.model)
+        return text_model.project_per_layer_inputs(emb, text_model.get_per_layer_inputs(ids, emb))
 
     def forward(self, ids: torch.Tensor, cache: Any, logits_to_keep: int = 0, **extra: Any) -> torch.Tensor:
         if not (logits_to_keep and ids.shape[1] > 1 and getattr(self.text_config, "num_kv_shared_layers", 0)):

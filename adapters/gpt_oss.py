@@ -41,6 +41,7 @@ class GptOssAdapter(TargetAdapter):
         rotary_halves=True,
         llama_norms=False,
         layer_types=("sliding_attention", "full_attention"),
+        cuda_verified=True,
     )
 
     @classmethod

@@ -16,4 +16,4 @@ from dflash_zoo.adapters.base import StaticLayout, TargetAdapter
 
 @register("llama")
 class LlamaAdapter(TargetAdapter):
-    static_layout = StaticLayout()  # the defaults: q/k/v/o, no q/k norm, SwiGLU MLP
+    static_layout = StaticLayout(cuda_verified=True)  # the defaults: q/k/v/o, no q/k norm, SwiGLU MLP

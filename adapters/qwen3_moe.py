@@ -18,4 +18,6 @@ from dflash_zoo.adapters.base import SparseMoE, StaticAttention, StaticLayout, T
 @register("qwen3_moe")
 class Qwen3MoeAdapter(TargetAdapter):
     # dense layers (`mlp_only_layers`, `decoder_sparse_step`) run as Qwen3's; sparse ones as their module
-    static_layout = StaticLayout(attention=StaticAttention(q_norm="q_norm", k_norm="k_norm"), moe=SparseMoE())
+    static_layout = StaticLayout(
+        attention=StaticAttention(q_norm="q_norm", k_norm="k_norm"), moe=SparseMoE(), cuda_verified=True
+    )

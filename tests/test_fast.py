@@ -158,8 +158,8 @@ def test_layout_declarations_are_checked():
 
 
 def test_unsupported_pairs_are_named():
-    hybrid = get_adapter("gemma4_text")(tiny_target("gemma4_text"))
-    assert unsupported_reason(hybrid) == "no static layout declared by the 'gemma4_text' adapter"
+    hybrid = get_adapter("deepseek_v3")(tiny_target("deepseek_v3"))  # multi-head latent attention
+    assert unsupported_reason(hybrid) == "no static layout declared by the 'deepseek_v3' adapter"
     windowed = get_adapter("qwen3")(tiny_target("qwen3", layer_types=["full_attention", "sliding_attention"] * 2))
     assert "sliding_attention layers" in unsupported_reason(windowed)
     adapter, drafter = _pair("qwen3")
@@ -284,7 +284,7 @@ def test_fused_projections_with_bias_equal_eager():
 @pytest.mark.parametrize("t", [1, 5])
 def test_decode_attention_equals_masked_sdpa(name, t):
     """Every decode attention computes the masked grouped SDPA (fp32, GQA 4:2); hidden keys do not count."""
-    from dflash_zoo.cuda.static import DECODE_ATTENTION, _group_mask, _grouped_sdpa
+    from dflash_zoo.cuda.attention import DECODE_ATTENTION, _group_mask, _grouped_sdpa
 
     gen = torch.Generator().manual_seed(0)
     # 32 keys: "chunks" splits them into 16 chunks of 2, and those past key 6 + t are wholly hidden

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from dflash_zoo.cuda import fused_ops, kernels
+from dflash_zoo.cuda.attention import _group_mask, _grouped_sdpa, _grouped_split
 from dflash_zoo.cuda.fast import FastEngine
-from dflash_zoo.cuda.static import _group_mask, _grouped_sdpa, _grouped_split
 from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.engine.rope import apply_rotary
 from tests.static_matrix import STATIC_MODEL_TYPES

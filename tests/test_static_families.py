@@ -101,11 +101,11 @@ def test_gpt_oss_window_and_sinks_change_the_logits(drop):
         want = adapter.model(ids).logits
         eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
         pos = torch.zeros((), dtype=torch.long)
-        got = eng.target.forward(adapter.embed(ids), pos, prefill=True)
+        got = eng.target.forward(ids, pos, prefill=True)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         eng.target.layers = [m._replace(**{drop: None}) for m in eng.target.layers]
         eng.target.masked_prefill = True  # keep the masked path: only the dropped feature differs
-        off = eng.target.forward(adapter.embed(ids), pos, prefill=True)
+        off = eng.target.forward(ids, pos, prefill=True)
     assert not torch.allclose(off, want, rtol=1e-3, atol=1e-3)
 
 
@@ -121,11 +121,56 @@ def test_verify_commit_verify_logits_equal_transformers(model_type):
     kept = [prompt]
     with torch.inference_mode():
         pos = torch.zeros((), dtype=torch.long)
-        t.forward(adapter.embed(prompt), pos, prefill=True)
+        t.forward(prompt, pos, prefill=True)
         pos = pos + prompt.shape[1]
         for block, n in zip(blocks, (3, 1, 8), strict=True):
-            got = t.forward(adapter.embed(block), pos)[0]  # [8, V]
+            got = t.forward(block, pos)[0]  # [8, V]
             want = adapter.model(torch.cat([*kept, block], 1)).logits[0, -8:]
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
             t.commit(torch.tensor(n))
             pos, kept = pos + n, [*kept, block[:, :n]]
+
+
+GEMMA_VARIANTS = {  # the 31B / 26B-A4B layouts on the tiny Gemma 4 VLM (no KV sharing, no per-layer input)
+    "k_eq_v": dict(attention_k_eq_v=True, num_global_key_value_heads=1),
+    "moe_branch": dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(GEMMA_VARIANTS))
+def test_gemma4_31b_and_26b_layouts(variant):
+    """K = V global layers with their own KV heads, and the experts beside the dense MLP: the static forward's
+    logits through verify / commit / verify equal transformers', and the layout resolved what it should."""
+    adapter, drafter = static_pair("gemma4", **GEMMA_VARIANTS[variant])
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    layers = eng.target.layers
+    if variant == "k_eq_v":
+        full = [i for i, m in enumerate(layers) if m.kind == "full_attention"]
+        assert full and all(layers[i].v is None and eng.target.k[i].shape[1] == 1 for i in full)
+    else:
+        assert all(m.moe_branch is not None for m in layers)
+    gen = torch.Generator().manual_seed(3)
+    prompt, block, block2 = (torch.randint(0, MASK, (1, n), generator=gen) for n in (10, 8, 8))
+    with torch.inference_mode():
+        pos = torch.zeros((), dtype=torch.long)
+        eng.target.forward(prompt, pos, prefill=True)
+        got = eng.target.forward(block, pos + 10)[0]
+        torch.testing.assert_close(got, adapter.model(torch.cat([prompt, block], 1)).logits[0, -8:], rtol=1e-4, atol=1e-4)
+        eng.target.commit(torch.tensor(2))
+        got = eng.target.forward(block2, pos + 12)[0]
+        want = adapter.model(torch.cat([prompt, block[:, :2], block2], 1)).logits[0, -8:]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    cfg = GenerationConfig(max_new_tokens=16)
+    assert eng.speculative(list(range(3, 15)), cfg).output_ids == greedy_reference(adapter.model, list(range(3, 15)), 16)
+
+
+def test_gemma4_kv_shared_layers_read_their_source_buffers():
+    adapter, drafter = static_pair("gemma4_text")  # the tiny E2B-like config: the last 2 layers share K/V
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    shared = [i for i, m in enumerate(eng.target.layers) if m.kv_source is not None]
+    assert shared == [4, 5]
+    for i in shared:
+        src = eng.target.layers[i].kv_source
+        assert eng.target.layers[src].kind == eng.target.layers[i].kind and src < 4
+        assert eng.target.k[i] is eng.target.k[src] and eng.target.v[i] is eng.target.v[src]
+    assert eng.target.per_layer  # per-layer inputs are on in this config

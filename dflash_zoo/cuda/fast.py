@@ -177,7 +177,7 @@ class FastEngine(Engine):
         h = self.sdraft.draft(emb_of(self.blk), self.pos)  # [1, B, H]
         drafts, q = sampler.propose(self.adapter.logits(h[0, 1:].to(self.vtaps.dtype)), self.gen)  # [B-1]
         verify = torch.cat([self.bonus, drafts])[None]  # [1, B]
-        logits = self.target.forward(emb_of(verify), self.pos, self.vtaps)[0]  # [B, V]
+        logits = self.target.forward(verify, self.pos, self.vtaps)[0]  # [B, V]
         na, nxt = sampler.accept(drafts, q, logits, self.gen, self.force)  # 0-d, [1]
         self.target.commit(na + 1)  # GDN states move past the committed rows (attention: nothing to do)
         self.sdraft.append(self.vtaps, self.pos)  # rows past na + 1 are masked, then overwritten
@@ -188,7 +188,7 @@ class FastEngine(Engine):
         self.bonus.copy_(nxt)
 
     def _ar_step(self, sampler: Sampler) -> None:
-        logits = self.target.forward(self.adapter.embed(self.bonus[None]), self.pos)  # [1, 1, V]
+        logits = self.target.forward(self.bonus[None], self.pos)  # [1, 1, V]
         self.bonus.copy_(sampler.pick(logits[0], self.gen))
         self.out[:1].copy_(self.bonus)
         self.pos.add_(1)
@@ -232,7 +232,7 @@ class FastEngine(Engine):
                 1, len(prompt_ids), self.vtaps.shape[-1], device=self.device, dtype=self.vtaps.dtype
             )
         self.pos.zero_()
-        logits = self.target.forward(self.adapter.embed(ids), self.pos, feats, prefill=True, last_only=True)
+        logits = self.target.forward(ids, self.pos, feats, prefill=True, last_only=True)
         self.bonus.copy_(sampler.pick(logits[0, -1:], self.gen))
         if taps:
             self.sdraft.append(feats, self.pos)

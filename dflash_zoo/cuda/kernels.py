@@ -5,7 +5,7 @@ Why: at one query row per head (an autoregressive step) the masked SDPA kernel r
 blocks on an H200's 132 SMs for Qwen3-8B, ~28 us a layer to read ~4.7 MB of K/V (docs/performance.md). Here
 each program takes one KV head and one chunk of keys (~2 programs per SM), all the head's query rows at once
 (GQA rows share the K/V tile), and a second kernel merges the chunks' partial softmaxes. Same masked semantics
-as `static._grouped_sdpa`: an additive mask row per query row; key tiles hidden from every row are skipped.
+as `attention._grouped_sdpa`: an additive mask row per query row; key tiles hidden from every row are skipped.
 
 `gemv`: y = W x for one row, split over K as well as over output rows. At batch 1 a [4096, 12288] down
 projection has only 4,096 rows to spread over the SMs; inductor's fused SiLU + GEMV reached 2.9 TB/s on it and

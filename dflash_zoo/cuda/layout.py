@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dflash_zoo.adapters.base import SparseMoE
 from dflash_zoo.errors import UnsupportedModelError
 
 if TYPE_CHECKING:
@@ -29,10 +30,13 @@ class LayerModules(NamedTuple):
     input_norm: nn.Module
     post_norm: nn.Module
     q: nn.Linear | None
-    k: nn.Linear | None
-    v: nn.Linear | None
+    k: nn.Linear | None  # None on a KV-shared layer
+    v: nn.Linear | None  # None on a KV-shared layer, or where the values are the keys (k_eq_v)
     o: nn.Linear | None
-    qk_norm: tuple[nn.Module, nn.Module] | None  # RMSNorms of q and k; None: none
+    head_dim: int | None
+    qk_norm: tuple[nn.Module, nn.Module | None] | None  # RMSNorms of q and k (k's None: KV-shared); None: none
+    v_norm: nn.Module | None
+    kv_source: int | None  # a KV-shared layer: the layer whose K/V buffers it reads (it writes none)
     qk_norm_per_head: bool  # the q/k norms run per head (else over all heads, before the head split)
     scaling: float | None  # the softmax scale
     window: int | None  # sliding layers: keys within `window` positions of the query (the query included)
@@ -45,6 +49,11 @@ class LayerModules(NamedTuple):
     up: nn.Linear | None
     down: nn.Linear | None
     act: Callable[[torch.Tensor], torch.Tensor] | None
+    attn_out_norm: nn.Module | None = None  # sandwich norms (Gemma) on the sublayer outputs
+    mlp_out_norm: nn.Module | None = None
+    moe_branch: tuple[nn.Module, ...] | None = None  # (router, experts, dense out, experts in, experts out norms)
+    per_layer: tuple[nn.Module, ...] | None = None  # (gate, projection, norm, act) of the per-layer input
+    scalar: torch.Tensor | None = None  # multiplies the layer's output
 
 
 class TargetModules(NamedTuple):
@@ -107,17 +116,26 @@ def _attention(adapter: TargetAdapter, layout: StaticLayout, kind: str, layer: n
     at = layout.attention
     attn = _lookup(adapter, layer, at.path, where)
     aw = f"{where}.{at.path}"
-    q, k, v, o = (_linear(adapter, attn, n, aw) for n in (at.q_proj, at.k_proj, at.v_proj, at.o_proj))
+    shared = bool(at.kv_shared is not None and _lookup(adapter, attn, at.kv_shared, aw))
+    q, o = (_linear(adapter, attn, n, aw) for n in (at.q_proj, at.o_proj))
+    k = v = None
+    if not shared:
+        k = _linear(adapter, attn, at.k_proj, aw)
+        if not (at.k_eq_v and _lookup(adapter, attn, at.v_proj, aw) is None):  # k_eq_v: no v_proj, values = keys
+            v = _linear(adapter, attn, at.v_proj, aw)
     qk = None
     if at.q_norm is not None:
-        qk = (_lookup(adapter, attn, at.q_norm, aw), _lookup(adapter, attn, at.k_norm, aw))
+        qk = (_lookup(adapter, attn, at.q_norm, aw), None if shared else _lookup(adapter, attn, at.k_norm, aw))
+    v_norm = _lookup(adapter, attn, at.v_norm, aw) if at.v_norm is not None and not shared else None
     window = None
     if kind == "sliding_attention":
         window = int(_lookup(adapter, adapter.text_config, layout.sliding_window, "the text config"))
     sinks = _lookup(adapter, attn, at.sinks, aw) if at.sinks is not None else None
     scaling = _lookup(adapter, attn, at.scaling, aw)
-    return dict(q=q, k=k, v=v, o=o, qk_norm=qk, qk_norm_per_head=at.qk_norm_per_head, scaling=scaling,
-                window=window, sinks=sinks, output_gate=at.output_gate)  # fmt: skip
+    head_dim = int(_lookup(adapter, attn, at.head_dim, aw))
+    return dict(q=q, k=k, v=v, o=o, head_dim=head_dim, qk_norm=qk, v_norm=v_norm, kv_source=-1 if shared else None,
+                qk_norm_per_head=at.qk_norm_per_head, scaling=scaling, window=window, sinks=sinks,
+                output_gate=at.output_gate)  # fmt: skip
 
 
 def _linear_attention(adapter: TargetAdapter, layout: StaticLayout, layer: nn.Module, where: str) -> dict:
@@ -137,8 +155,9 @@ def _linear_attention(adapter: TargetAdapter, layout: StaticLayout, layer: nn.Mo
 
 def _layer(adapter: TargetAdapter, layout: StaticLayout, i: int, kind: str, layer: nn.Module) -> LayerModules:
     where = f"layer {i}"
-    mixer = dict(q=None, k=None, v=None, o=None, qk_norm=None, qk_norm_per_head=True, scaling=None, window=None,
-                 sinks=None, output_gate=False, gdn=None, gdn_parts=None)  # fmt: skip
+    mixer = dict(q=None, k=None, v=None, o=None, head_dim=None, qk_norm=None, v_norm=None, kv_source=None,
+                 qk_norm_per_head=True, scaling=None, window=None, sinks=None, output_gate=False, gdn=None,
+                 gdn_parts=None)  # fmt: skip
     if kind == "linear_attention":
         mixer.update(_linear_attention(adapter, layout, layer, where))
     else:
@@ -159,8 +178,46 @@ def _layer(adapter: TargetAdapter, layout: StaticLayout, i: int, kind: str, laye
         kind=kind,
         input_norm=_lookup(adapter, layer, layout.input_norm, where),
         post_norm=_lookup(adapter, layer, layout.post_attention_norm, where),
-        **mixer, mlp=mlp, gate=gate, up=up, down=down, act=act,
+        **mixer, mlp=mlp, gate=gate, up=up, down=down, act=act, **_extras(adapter, layout, layer, where),
     )  # fmt: skip
+
+
+def _extras(adapter: TargetAdapter, layout: StaticLayout, layer: nn.Module, where: str) -> dict:
+    """Sandwich norms, a parallel MoE branch, a per-layer input and a layer scalar, where declared."""
+    get = lambda name: _lookup(adapter, layer, name, where)  # noqa: E731
+    out: dict[str, Any] = {}
+    if layout.sandwich is not None:
+        out |= dict(attn_out_norm=get(layout.sandwich.attention_out), mlp_out_norm=get(layout.sandwich.mlp_out))
+    pm = layout.parallel_moe
+    if pm is not None and get(pm.enabled):
+        names = (pm.router, pm.experts, pm.dense_out_norm, pm.experts_in_norm, pm.experts_out_norm)
+        out["moe_branch"] = tuple(get(n) for n in names)
+    pli = layout.per_layer_input
+    if pli is not None and getattr(adapter.text_config, pli.width, None):
+        out["per_layer"] = tuple(get(n) for n in (pli.gate, pli.projection, pli.norm, pli.act))
+    if layout.layer_scalar is not None:
+        out["scalar"] = get(layout.layer_scalar)
+    return out
+
+
+def _link_shared_kv(adapter: TargetAdapter, layout: StaticLayout, layers: list[LayerModules]) -> list[LayerModules]:
+    """Point each KV-shared layer at the layer of its type that stores K/V for it."""
+    at = layout.attention
+    if at.kv_shared is None:
+        return layers
+    store = {}
+    for i, (m, layer) in enumerate(zip(layers, adapter.layers(), strict=True)):
+        attn = _lookup(adapter, layer, at.path, f"layer {i}")
+        if m.kv_source is None and m.q is not None and at.kv_store and getattr(attn, at.kv_store, False):
+            store[m.kind] = i
+    out = []
+    for i, m in enumerate(layers):
+        if m.kv_source == -1:
+            if m.kind not in store:
+                raise UnsupportedModelError(f"KV-shared layer {i} ({m.kind}) has no earlier layer storing its K/V")
+            m = m._replace(kv_source=store[m.kind])
+        out.append(m)
+    return out
 
 
 def resolve(adapter: TargetAdapter) -> TargetModules:
@@ -171,11 +228,8 @@ def resolve(adapter: TargetAdapter) -> TargetModules:
     text, model = adapter.text_config, adapter.model
     kinds = layer_kinds(adapter)
     layers = [_layer(adapter, layout, i, kinds[i], layer) for i, layer in enumerate(adapter.layers())]
-    first = next((i for i, kind in enumerate(kinds) if kind != "linear_attention"), None)
-    head_dim = 0  # no attention layer: no K/V buffers
-    if first is not None:
-        attn = _lookup(adapter, adapter.layers()[first], layout.attention.path, f"layer {first}")
-        head_dim = _lookup(adapter, attn, layout.attention.head_dim, f"layer {first}.{layout.attention.path}")
+    layers = _link_shared_kv(adapter, layout, layers)
+    head_dim = next((m.head_dim for m in layers if m.head_dim), 0)  # the first attention layer's (0: none)
     act = getattr(text, layout.mlp.activation, None) if layout.mlp is not None else None
     return TargetModules(
         layers=layers,
@@ -203,13 +257,10 @@ def layout_reason(adapter: TargetAdapter) -> str | None:
 
 def cuda_unverified_reason(adapter: TargetAdapter) -> str | None:
     """Why the static engine should not be this target's default on CUDA although it can run it (None: no
-    reason). Gated-DeltaNet layers are verified token for token on CPU (fp32) only: their first H200 run failed
-    on a transformers 5.17 difference (its Qwen3.5 rotary embedding takes mRoPE position ids only), fixed and
-    tested since on CPU, but neither flash-linear-attention's kernels nor CUDA graphs of those layers have run
-    since, so CUDA users get them only by asking (`fast=True`)."""
+    reason): its layout has not passed the GPU tests yet (`StaticLayout.cuda_verified`)."""
     layout = type(adapter).static_layout
-    if layout is not None and layout.linear is not None and "linear_attention" in layer_kinds(adapter):
-        return "the static engine's Gated-DeltaNet layers are verified on CPU only, not yet on CUDA"
+    if layout is not None and not layout.cuda_verified:
+        return f"the static layout of the {_name(adapter)} adapter is verified on CPU only, not yet on CUDA"
     return None
 
 
@@ -222,13 +273,19 @@ def graph_unsafe_reason(adapter: TargetAdapter) -> str | None:
     falls back to a loop over `offsets.tolist()`; `eager` loops over the experts a step hit.
     """
     layout = type(adapter).static_layout
-    if layout is None or layout.moe is None:
+    if layout is None or (layout.moe is None and layout.parallel_moe is None):
         return None
-    mlps = [_get(layer, layout.mlp_path) for layer in adapter.layers()]  # a missing one: `resolve` says so
-    sparse = [m for m in mlps if _is_sparse(layout, m)]
+    sparse = []  # a missing module: `resolve` says so
+    for layer in adapter.layers():
+        mlp = _get(layer, layout.mlp_path)
+        if layout.moe is not None and _is_sparse(layout, mlp):
+            sparse.append(mlp)
+        pm = layout.parallel_moe
+        if pm is not None and _get(layer, pm.enabled):
+            sparse.append(_get(layer, pm.experts))
     if not sparse:
         return None
-    impl = getattr(adapter.text_config, layout.moe.implementation, None)
+    impl = getattr(adapter.text_config, (layout.moe or SparseMoE()).implementation, None)
     dtype = next(sparse[0].parameters()).dtype
     has_grouped = hasattr(F, "grouped_mm") or hasattr(torch, "_grouped_mm")
     if impl == "batched_mm" or (impl == "grouped_mm" and dtype == torch.bfloat16 and has_grouped):

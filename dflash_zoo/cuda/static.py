@@ -1,10 +1,11 @@
 """Static-shape forwards for the fast path: the target and the drafter over pre-allocated K/V buffers.
 
-- `StaticTarget`: an own forward over a full-attention target's HF modules (norms, q/k/v/o projections,
-  MLP, rotary embedding), found through the names its adapter declares (`static_layout`, resolved in
-  layout.py), writing K/V at tensor positions into [1, kvh, S, hd] buffers. Rollback is a position counter:
-  rejected rows stay, masked, until overwritten. A sparse MoE block runs as the family's own module, captured
-  in a CUDA graph only where its experts implementation does not sync with the host (layout.py).
+- `StaticTarget`: an own forward over the target's HF modules (norms, q/k/v/o projections, MLP, rotary
+  embedding), found through the names its adapter declares (`static_layout`, resolved in layout.py), writing
+  K/V at tensor positions into [1, kvh, S, hd] buffers (attention.py runs the attention). Rollback is a
+  position counter: rejected rows stay, masked, until overwritten; Gated-DeltaNet layers keep static states
+  that a commit moves on (gdn.py). A sparse MoE block runs as the family's own module, captured in a CUDA
+  graph only where its experts implementation does not sync with the host (layout.py).
 - `StaticDrafter`: the DFlash drafter (drafter.py modules) over a static context K/V buffer; the block's own
   K/V are written as scratch rows just past the context, so nothing is concatenated per step.
 Every shape is fixed for a given block, so a step can be captured in a CUDA graph (fast.py).
@@ -18,11 +19,13 @@ Fewer kernels per layer (each costs ~2.5 us inside a graph on an H200, docs/perf
   split-K GEMV for one-row o and down projections); `fused_ops=True`: those of fused_ops.py (q/k norm + rotary +
   K/V write, RMSNorm with its weight, SiLU-gated product: one kernel each).
 
-Longer than the ~300 lines we aim for: the static target and drafter forwards share their attention, norm and projection helpers.
+Longer than the ~300 lines we aim for: the static target and drafter forwards share their norm and projection
+helpers, and the target's layer recipe covers every declared family.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_zoo.cuda import fused_ops, kernels
+from dflash_zoo.cuda.attention import BLOCK_ATTENTION, DECODE_ATTENTION, _group_mask, _grouped_sinks
 from dflash_zoo.cuda.gdn import StaticGDN
 from dflash_zoo.cuda.layout import graph_unsafe_reason, layout_reason, resolve
 from dflash_zoo.engine.rope import apply_rotary
@@ -122,92 +126,30 @@ class _Norms:
         return module.weight * F.rms_norm(x, x.shape[-1:], eps=self.eps)
 
 
-def _ungroup(out: torch.Tensor, h: int, t: int) -> torch.Tensor:
-    """[1, kvh, g*T, d] grouped query rows (head h = kv_head * g + i, rows ordered (i, t)) -> [1, T, h*d]."""
-    return out.reshape(1, h, t, out.shape[-1]).transpose(1, 2).reshape(1, t, -1)
-
-
-def _grouped_sdpa(q, k, v, gmask, scale: float) -> torch.Tensor:
-    """q [1, h, T, d]; k, v [1, kvh, S, d]; gmask [1, 1, g*T, S] additive (`_group_mask`) -> [1, T, h*d].
-
-    GQA as extra query rows ([1, kvh, g*T, d]) so the masked kernel needs no repeated K/V.
-    """
-    _, h, t, d = q.shape
-    kvh = k.shape[1]
-    qg = q.reshape(1, kvh, (h // kvh) * t, d)  # head h = kv_head * g + i, rows ordered (i, t)
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=gmask, scale=scale)
-    return _ungroup(out, h, t)
-
-
-def _grouped_sums(q, k, v, gmask, scale: float) -> torch.Tensor:
-    """`_grouped_sdpa` as explicit products and sums. For compiled steps only (eager would materialise
-    [kvh, g*T, S, d]): inductor makes each sum one reduction kernel spread over every key.
-    """
-    _, h, t, d = q.shape
-    kvh = k.shape[1]
-    qg = q.reshape(1, kvh, (h // kvh) * t, 1, d)  # same row order as `_grouped_sdpa`
-    scores = (qg * k[:, :, None]).sum(-1, dtype=torch.float32) * scale + gmask  # [1, kvh, g*T, S]
-    p = scores.softmax(-1).to(v.dtype)
-    out = (p[..., None] * v[:, :, None]).sum(-2)  # [1, kvh, g*T, d]
-    return _ungroup(out, h, t)
-
-
-def _grouped_chunks(q, k, v, gmask, scale: float, chunks: int = 16) -> torch.Tensor:
-    """`_grouped_sums` split over key chunks (flash-decoding): per chunk a max, a sum of exponentials and a
-    partial output, then one weighted combine; each reduction then has `chunks` times the rows. Compiled only.
-    """
-    _, h, t, d = q.shape
-    kvh, s = k.shape[1], k.shape[2]
-    c = chunks if s % chunks == 0 else 1
-    rows = (h // kvh) * t
-    qg = q.reshape(1, kvh, rows, 1, 1, d)  # same row order as `_grouped_sdpa`
-    kc, vc = k.view(1, kvh, 1, c, s // c, d), v.view(1, kvh, 1, c, s // c, d)
-    scores = (qg * kc).sum(-1, dtype=torch.float32) * scale + gmask.view(1, 1, rows, c, s // c)  # [.., c, L]
-    # a chunk with every key hidden has max -inf: clamped, its exponentials are 0 and its weight too (no NaN)
-    m = scores.amax(-1, keepdim=True).clamp(min=-1e30)  # [1, kvh, rows, c, 1]
-    e = (scores - m).exp()
-    part = (e[..., None] * vc).sum(-2)  # [1, kvh, rows, c, d]
-    w = (m - m.amax(-2, keepdim=True)).exp()  # [1, kvh, rows, c, 1]: each chunk's share of the global max
-    out = (w * part).sum(-2) / (w * e.sum(-1, keepdim=True)).sum(-2)  # [1, kvh, rows, d]
-    return _ungroup(out.to(v.dtype), h, t)
-
-
-def _grouped_split(q, k, v, gmask, scale: float) -> torch.Tensor:
-    """`_grouped_sdpa` through the Triton split-KV kernel (`kernels.split_kv_attention`); CUDA only."""
-    _, h, t, d = q.shape
-    kvh = k.shape[1]
-    qg = q.reshape(kvh, (h // kvh) * t, d)  # same row order as `_grouped_sdpa`
-    return _ungroup(kernels.split_kv_attention(qg, k[0], v[0], gmask[0, 0], scale)[None], h, t)
-
-
-# one-row (autoregressive) attention of the static target. At T = 1 the masked SDPA kernel runs one block per
-# KV head (8 blocks on 132 SMs for Qwen3-8B: 28 us a layer on an H200); "chunks" beat "sums" inside a compiled
-# 8B step (187 against 173 tok/s on one H200); "split" (kernels.py) is 7.4 us alone and the fastest compiled
-# and not (docs/performance.md, "How the fast path works").
-DECODE_ATTENTION = {
-    "sdpa": _grouped_sdpa,
-    "sums": _grouped_sums,
-    "chunks": _grouped_chunks,
-    "split": _grouped_split,
-}
-# multi-row attention: the target's verify and the drafter's block (explicit sums lose there;
-# docs/performance.md)
-BLOCK_ATTENTION = {"sdpa": _grouped_sdpa, "split": _grouped_split}
-
-
 def _swiglu(act, gate: torch.Tensor, up: torch.Tensor, kernel: bool) -> torch.Tensor:
     """act(gate) * up; with `kernel` (act is SiLU), one kernel over the strided halves (`fused_ops.silu_mul`)."""
     return fused_ops.silu_mul(gate, up) if kernel else act(gate) * up
 
 
-def _qkv_store(
-    proj, x, heads: int, norm, qk, rope, positions, buffers, fused: bool, gated: bool = False, per_head: bool = True
-):
+@dataclass(frozen=True)
+class QKVOptions:
+    """How one attention layer's projections become q and K/V rows (the defaults: Llama / Qwen3)."""
+
+    gated: bool = False  # q's projection emits [query | gate] per head; (q, gate) is returned
+    per_head: bool = True  # the q/k norms run per head (False: over all heads at once, before the split)
+    v_norm: nn.Module | None = None  # a norm on the values
+    shared: bool = False  # a KV-shared layer: q only, nothing written
+    # no v projection where `proj` yields q and k only: the values are then the key projection (Gemma 4)
+
+
+PLAIN = QKVOptions()
+
+
+def _qkv_store(proj, x, heads: int, norm, qk, rope, positions, buffers, fused: bool, opts: QKVOptions = PLAIN):
     """x [1, T, H] through `proj` (q/k/v, or k/v alone with heads 0) -> q [1, heads, T, hd], normed by the
     `qk` modules (q_norm, k_norm; None: no qk norm) and rotated by `rope` (cos, sin); None with heads 0. k is
     normed and rotated the same way and written with v into `buffers` ([1, kvh, S, hd] each) at `positions`.
-    `fused`: all of it in one kernel (`fused_ops.rope_store`). `gated`: q's projection emits [query | gate]
-    per head; returns (q, gate [1, T, heads * hd]). `per_head` False: the q/k norms span all heads."""
+    `fused`: all of it in one kernel (`fused_ops.rope_store`; plain layers only). `opts`: the layer's extras."""
     (cos, sin), (k_buf, v_buf) = rope, buffers
     if fused:
         w = (qk[0].weight, qk[1].weight) if qk else (None, None)
@@ -216,64 +158,42 @@ def _qkv_store(
         )
         return q[None] if heads else None
     t, hd = x.shape[1], k_buf.shape[-1]
-    *q, k, v = proj(x)  # [1, T, heads * hd (x2 gated) or kvh * hd]
-    if qk and not per_head:  # one norm over every head's dims at once, before the split
-        q, k, qk = [norm(qk[0], y) for y in q], norm(qk[1], k), None
-    *q, k, v = (y.view(1, t, -1, hd) for y in (*q, k, v))  # [1, T, heads (x2 gated) or kvh, hd]
+    outs = list(proj(x))  # [1, T, width] each: q (with heads), then k and v unless shared
+    q = outs.pop(0) if heads else None
+    k = v = None
+    if not opts.shared:
+        k = outs.pop(0)
+        v = outs.pop(0) if outs else k  # no v projection: the values are the keys, before their norm
+    qn, kn = qk if qk else (None, None)
+    if qk and not opts.per_head:  # one norm over every head's dims at once, before the split
+        q = None if q is None else norm(qn, q)
+        k = None if k is None else norm(kn, k)  # v (the keys, where there is no v projection) stays un-normed
+        qn = kn = None
     gate = None
-    if gated:  # per head [query (hd) | gate (hd)]
-        query, gate = q[0].reshape(1, t, heads, 2 * hd).chunk(2, dim=-1)
-        q, gate = [query], gate.reshape(1, t, -1)
-    if qk:
-        q, k = [norm(qk[0], y) for y in q], norm(qk[1], k)
-    k_buf.index_copy_(2, positions, apply_rotary(k.transpose(1, 2), cos, sin))
-    v_buf.index_copy_(2, positions, v.transpose(1, 2))  # [1, kvh, T, hd]
-    q = apply_rotary(q[0].transpose(1, 2), cos, sin) if q else None
-    return (q, gate) if gated else q
-
-
-def _grouped_sinks(q, k, v, gmask, scale: float, sinks: torch.Tensor) -> torch.Tensor:
-    """`_grouped_sdpa` with a learned per-head logit joined to each softmax row and then dropped (gpt-oss
-    sinks: some probability mass goes nowhere), as explicit products. sinks [h] -> out [1, T, h*d]."""
-    _, h, t, d = q.shape
-    kvh = k.shape[1]
-    qg = q.reshape(1, kvh, (h // kvh) * t, d)  # same row order as `_grouped_sdpa`
-    scores = (qg @ k.transpose(-1, -2)) * scale + gmask  # [1, kvh, g*T, S]
-    sink = sinks.view(kvh, h // kvh, 1).expand(-1, -1, t).reshape(1, kvh, -1, 1).to(scores.dtype)
-    logits = torch.cat([scores, sink], dim=-1)
-    logits = logits - logits.amax(-1, keepdim=True)  # as transformers' eager path (finite: the sink is)
-    p = logits.softmax(-1)[..., :-1].to(v.dtype)  # the sink's share is dropped
-    return _ungroup(p @ v, h, t)
-
-
-def _group_mask(mask: torch.Tensor, g: int, dtype: torch.dtype) -> torch.Tensor:
-    """[T, S] bool -> [1, 1, g*T, S] additive (0 / -inf) in `dtype`: `_grouped_sdpa`'s query rows.
-
-    Built once per forward; SDPA would otherwise turn a bool mask into this on every layer's call.
-    """
-    add = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-    return add.repeat(g, 1)[None, None]
-
-
-def _position_ids(positions: torch.Tensor, axes: int) -> torch.Tensor:
-    """[T] -> the position ids the rotary embedding takes: [1, T], or [axes, 1, T] for mRoPE."""
-    return positions[None, None].expand(axes, 1, -1) if axes else positions[None]
-
-
-def _rotary_width(mods) -> int:
-    """How many dims of a head rotate (partial rotary: fewer than the head size)."""
-    probe = torch.zeros(1, 1, device=mods.final_norm.weight.device, dtype=mods.final_norm.weight.dtype)
-    zero = torch.zeros(1, dtype=torch.long, device=probe.device)
-    cos, _ = mods.rotary_emb(probe, _position_ids(zero, mods.layout.rotary_axes))
-    return cos.shape[-1] * (2 if mods.layout.rotary_halves else 1)
+    if q is not None:
+        q = q.view(1, t, -1, hd)  # [1, T, heads (x2 gated), hd]
+        if opts.gated:  # per head [query (hd) | gate (hd)]
+            q, gate = q.reshape(1, t, heads, 2 * hd).chunk(2, dim=-1)
+            gate = gate.reshape(1, t, -1)
+        q = apply_rotary((norm(qn, q) if qn is not None else q).transpose(1, 2), cos, sin)
+    if k is not None:
+        k, v = k.view(1, t, -1, hd), v.view(1, t, -1, hd)  # [1, T, kvh, hd]
+        k = norm(kn, k) if kn is not None else k
+        v = norm(opts.v_norm, v) if opts.v_norm is not None else v
+        k_buf.index_copy_(2, positions, apply_rotary(k.transpose(1, 2), cos, sin))
+        v_buf.index_copy_(2, positions, v.transpose(1, 2))  # [1, kvh, T, hd]
+    return (q, gate) if opts.gated else q
 
 
 class StaticTarget:
     """The target's decoder over static K/V buffers [1, kvh, max_len, hd] per attention layer, and static
     conv / recurrent states per Gated-DeltaNet layer (gdn.py).
 
-    Attention layers are full or sliding-window (a mask), optionally with sinks, biases, an output gate and
-    partial rotary, as the adapter's layout declares; GDN layers keep their states until `commit`.
+    Attention layers are full or sliding-window (a mask), optionally with sinks, biases, an output gate,
+    value norms, values taken from the keys, K/V shared with an earlier layer, partial rotary and their own head
+    size, as the adapter's layout declares; GDN layers keep their states until `commit`. Decoder layers are
+    pre-norm residual blocks, optionally with sandwich norms, a parallel MoE branch, a per-layer input and an
+    output scalar (Gemma).
     """
 
     def __init__(
@@ -292,7 +212,7 @@ class StaticTarget:
         mods = resolve(adapter)  # every module through the adapter's `static_layout`
         self.layers, self.final_norm, self.rotary_emb = mods.layers, mods.final_norm, mods.rotary_emb
         layout, text = mods.layout, adapter.text_config
-        self.halves = layout.rotary_halves
+        self.halves, self.axes, self.by_type = layout.rotary_halves, layout.rotary_axes, layout.rotary_by_layer_type
         self.gemv = gemv  # one-row o and down projections through `kernels.gemv` (split over K)
         # the fused kernels compute Llama's RMSNorm: other norm formulas run their modules
         self.fused = fused_ops and layout.llama_norms  # norms, q/k rotary + K/V writes, SwiGLU through fused_ops.py
@@ -300,36 +220,47 @@ class StaticTarget:
         self.block_attend = BLOCK_ATTENTION[block_attention]  # verify steps (T > 1)
         self.silu = mods.silu  # the kernels' fused SwiGLU
         self.swiglu = fused_ops and self.silu  # silu(gate) * up through `fused_ops.silu_mul`
-        self.kvh, self.hd = text.num_key_value_heads, mods.head_dim
-        self.group = text.num_attention_heads // self.kvh
+        self.heads = text.num_attention_heads
         self.norm = _Norms(mods.eps, fast_norm and layout.llama_norms, self.fused)
         self.taps: dict[int, list[int]] = {}  # layer id -> tap slots (ids may repeat)
         for slot, lid in enumerate(tap_ids):
             self.taps.setdefault(lid, []).append(slot)
         self.hidden = text.hidden_size
         self.dtype = mods.final_norm.weight.dtype
-        self.qkv = [FusedLinear([m.q, m.k, m.v], fuse) if m.q is not None else None for m in self.layers]
+        self.attention = [m.q is not None for m in self.layers]
+        # q/k/v as one GEMM; a KV-shared layer projects q alone, one whose values are its keys q and k
+        self.qkv = [FusedLinear([p for p in (m.q, m.k, m.v) if p is not None], fuse) if m.q is not None else None
+                    for m in self.layers]  # fmt: skip
+        self.opts = [QKVOptions(m.output_gate, m.qk_norm_per_head, m.v_norm, m.kv_source is not None)
+                     for m in self.layers]  # fmt: skip
+        # the one-kernel rotary + K/V write: plain layers only (Llama-formula q/k norms per head, q/k/v)
+        self.rope_kernel = [self.fused and o == PLAIN and m.v is not None for m, o in zip(self.layers, self.opts, strict=True)]
         # GDN layers: their own static states; projections split by the adapter (`gdn_project`)
         self.gdn = [StaticGDN(m.gdn, m.gdn_parts, adapter.gdn_project) if m.gdn is not None else None
                     for m in self.layers]  # fmt: skip
         # a sparse MoE block keeps its own forward (router, experts implementation, shared experts): None here
         self.gate_up = [FusedLinear([m.gate, m.up], fuse) if m.gate is not None else None for m in self.layers]
-        self.k, self.v = [], []
-        dev = mods.final_norm.weight.device
-        for m in self.layers:
-            buf = None
-            if m.q is not None:
-                w = m.k.weight
-                buf = torch.zeros(1, self.kvh, max_len, self.hd, device=w.device, dtype=w.dtype)
-            self.k.append(buf)
-            self.v.append(None if buf is None else torch.zeros_like(buf))
-        self.key_pos = torch.arange(max_len, device=dev)  # [S]
-        self.rot = _rotary_width(mods) if any(q is not None for q in self.qkv) else 0
-        self.axes = layout.rotary_axes
-        # the one-kernel rotary + K/V write: Llama-formula q/k norms per head, no output gate
-        self.rope_kernel = [self.fused and not m.output_gate and m.qk_norm_per_head for m in self.layers]
+        self.k, self.v = self._kv_buffers(max_len)
+        self.group = [self.heads // k.shape[1] if k is not None else 0 for k in self.k]  # query heads per K/V head
+        self.key_pos = torch.arange(max_len, device=mods.final_norm.weight.device)  # [S]
         # layers whose prefill cannot use the causal flash kernel: windows and sinks need a mask
         self.masked_prefill = any(m.window is not None or m.sinks is not None for m in self.layers)
+        self.per_layer = any(m.per_layer is not None for m in self.layers)  # per-layer inputs from the ids
+
+    def _kv_buffers(self, max_len: int) -> tuple[list, list]:
+        """[1, kvh, max_len, hd] K and V per attention layer (its own sizes); a KV-shared layer's are its
+        source layer's (it only reads them); None for GDN layers."""
+        k: list[torch.Tensor | None] = [None] * len(self.layers)
+        v: list[torch.Tensor | None] = [None] * len(self.layers)
+        for i, m in enumerate(self.layers):
+            if m.k is not None:
+                w = m.k.weight
+                k[i] = torch.zeros(1, m.k.out_features // m.head_dim, max_len, m.head_dim, device=w.device, dtype=w.dtype)
+                v[i] = torch.zeros_like(k[i])
+        for i, m in enumerate(self.layers):
+            if m.kv_source is not None:
+                k[i], v[i] = k[m.kv_source], v[m.kv_source]
+        return k, v
 
     def states(self) -> list[torch.Tensor]:
         """Tensors a step mutates in place besides K/V rows past the committed length (GDN states)."""
@@ -343,17 +274,15 @@ class StaticTarget:
                 g.commit(n)
 
     def _attn(self, i: int, x, rope, positions, masks, prefill: bool):
-        m = self.layers[i]
-        t = x.shape[1]
-        heads, buffers = self.group * self.kvh, (self.k[i], self.v[i])
-        fused, gated = self.rope_kernel[i], m.output_gate
-        q = _qkv_store(self.qkv[i], x, heads, self.norm, m.qk_norm, rope, positions, buffers, fused, gated,
-                       m.qk_norm_per_head)  # fmt: skip
-        q, gate = q if gated else (q, None)
-        gmask = masks.get(m.window)
+        m, t, g = self.layers[i], x.shape[1], self.group[i]
+        buffers = (self.k[i], self.v[i])
+        q = _qkv_store(self.qkv[i], x, self.heads, self.norm, m.qk_norm, rope, positions, buffers,
+                       self.rope_kernel[i], self.opts[i])  # fmt: skip
+        q, gate = q if m.output_gate else (q, None)
+        gmask = masks.get((m.window, g))
         if prefill and gmask is None:  # from position 0: causal flash kernel over the prompt, no mask tensor
             # the prompt's K/V heads from the buffers, repeated for the kernel (transient, one layer at a time)
-            kk, vv = (b[:, :, :t].repeat_interleave(self.group, 1) for b in (self.k[i], self.v[i]))
+            kk, vv = (b[:, :, :t].repeat_interleave(g, 1) for b in buffers)
             out = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=m.scaling)
             out = out.transpose(1, 2).reshape(1, t, -1)
         else:
@@ -378,37 +307,66 @@ class StaticTarget:
             return kernels.gemv(up, m.down.weight, m.down.bias, gate)
         return m.down(_swiglu(m.act, gate, up, self.swiglu))
 
+    def _ffn(self, i: int, x):
+        """The feed-forward sublayer's output for residual x [1, T, H] (before its residual add)."""
+        m = self.layers[i]
+        out = self._mlp(i, self.norm(m.post_norm, x))
+        if m.moe_branch is not None:  # routed experts beside the dense MLP, on the same residual
+            router, experts, dense_out, experts_in, experts_out = m.moe_branch
+            flat = x.reshape(-1, x.shape[-1])  # [T, H]
+            _, weights, index = router(flat)
+            routed = experts(self.norm(experts_in, flat), index, weights).reshape(x.shape)
+            out = self.norm(dense_out, out) + self.norm(experts_out, routed)
+        return self.norm(m.mlp_out_norm, out) if m.mlp_out_norm is not None else out
+
     def _masks(self, positions, prefill: bool, dtype) -> dict:
-        """Additive group masks by window (None: full causal), for the layers that need one this forward."""
+        """Additive group masks by (window, query heads per K/V head), for the layers that need one."""
         if prefill and not self.masked_prefill:
             return {}
         keys = self.key_pos[: len(positions)] if prefill else self.key_pos
         causal = keys[None, :] <= positions[:, None]  # [T, S]
         masks = {}
-        for w in {m.window for m in self.layers if m.q is not None}:
+        for w, g in {(m.window, g) for m, g in zip(self.layers, self.group, strict=True) if m.q is not None}:
             ok = causal if w is None else causal & (positions[:, None] - keys[None, :] < w)  # HF: q - k < w
-            masks[w] = _group_mask(ok, self.group, dtype)
+            masks[(w, g)] = _group_mask(ok, g, dtype)
         return masks
 
-    def forward(self, emb, pos, taps_out=None, prefill: bool = False, last_only: bool = False):
-        """emb [1, T, H] at positions pos.. (0-d long tensor; prefill: pos is 0); fills taps_out [1, T, K*H].
+    def _rope(self, emb, positions) -> dict:
+        """(cos, sin) [T, rot] by layer type (one entry, None, unless the tables differ by type)."""
+        ids = positions[None, None].expand(self.axes, 1, -1) if self.axes else positions[None]  # mRoPE: [3, 1, T]
+        kinds = {m.kind for m in self.layers if m.q is not None} if self.by_type else {None}
+        rope = {}
+        for kind in kinds if any(self.attention) else ():
+            cos, sin = self.rotary_emb(emb, ids, *([kind] if kind else []))  # [1, T, rot] (rot / 2: halves)
+            cos, sin = cos[0], sin[0]
+            rope[kind] = (torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)) if self.halves else (cos, sin)
+        return rope
+
+    def forward(self, ids, pos, taps_out=None, prefill: bool = False, last_only: bool = False):
+        """ids [1, T] at positions pos.. (0-d long tensor; prefill: pos is 0); fills taps_out [1, T, K*H].
 
         A forward of T > 1 rows that is not a prefill is a verify: GDN states wait for `commit`.
         """
+        emb = self.adapter.embed(ids)  # [1, T, H]
         t = emb.shape[1]
         positions = pos + self.key_pos[:t]  # [T]
-        rope = None
-        if self.rot:
-            cos, sin = self.rotary_emb(emb, _position_ids(positions, self.axes))  # [1, T, rot] (rot / 2: halves)
-            cos, sin = cos[0], sin[0]
-            rope = (torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)) if self.halves else (cos, sin)
-        masks = self._masks(positions, prefill, emb.dtype)
+        rope, masks = self._rope(emb, positions), self._masks(positions, prefill, emb.dtype)
+        extra = self.adapter.per_layer_inputs(ids, emb) if self.per_layer else None  # [1, T, L, P]
         mode = "prefill" if prefill else "step" if t == 1 else "verify"
         x = emb
         for i, m in enumerate(self.layers):
             h = self.norm(m.input_norm, x)
-            x = x + (self.gdn[i](h, mode) if self.gdn[i] is not None else self._attn(i, h, rope, positions, masks, prefill))
-            x = x + self._mlp(i, self.norm(m.post_norm, x))
+            if self.gdn[i] is not None:
+                h = self.gdn[i](h, mode)
+            else:
+                h = self._attn(i, h, rope[m.kind if self.by_type else None], positions, masks, prefill)
+            x = x + (self.norm(m.attn_out_norm, h) if m.attn_out_norm is not None else h)
+            x = x + self._ffn(i, x)
+            if m.per_layer is not None:  # x += norm(projection(act(gate(x)) * e_i))
+                gate, projection, pl_norm, act = m.per_layer
+                x = x + self.norm(pl_norm, projection(act(gate(x)) * extra[:, :, i]))
+            if m.scalar is not None:
+                x = x * m.scalar
             for slot in self.taps.get(i, ()) if taps_out is not None else ():
                 taps_out[:, :, slot * self.hidden : (slot + 1) * self.hidden].copy_(x)
         x = x[:, -1:] if last_only else x

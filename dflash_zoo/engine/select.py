@@ -1,8 +1,8 @@
 """The one place that decides which engine runs a generation, and says why.
 
 The static engine (`cuda/fast.py`) runs when the target sits whole on one CUDA device, its adapter declares a
-static layout, and the prompt carries no prefill-only inputs (images); a layout verified on CPU only (Gated-DeltaNet
-layers, `cuda/layout.py`) runs there only when asked for (`fast=True`). Everything else runs the eager engine
+static layout, and the prompt carries no prefill-only inputs (images); a layout not yet verified on CUDA
+(`StaticLayout.cuda_verified`) runs there only when asked for (`fast=True`). Everything else runs the eager engine
 (`engine/decode.py`), which serves every family, device and placement. Greedy and sampling, streaming or not,
 what-if acceptance and smaller block sizes are all served by both, so they never decide the engine.
 """
