@@ -5,7 +5,8 @@ truncation and step bookkeeping (`engine/run.py`) and the same acceptance rules 
 What differs from the eager loop, and why:
 - the target runs through an own forward over its HF modules (norms, projections, MLP, rotary embedding)
   with pre-allocated K/V buffers, so a step has fixed shapes; rollback is only a position counter: rejected
-  rows stay in the buffer, hidden by the mask, and the next verify overwrites them;
+  rows stay in the buffer, hidden by the mask, and the next verify overwrites them (Gated-DeltaNet layers'
+  conv / recurrent states are moved past the committed rows on device, `StaticTarget.commit`);
 - the drafter keeps its context K/V in a static buffer too; the block's own K/V are written just past the
   context (scratch that the next context append overwrites), so nothing is concatenated per step;
 - one step = draft a block + verify it + accept + append the verified rows' features to the drafter context,
@@ -23,9 +24,9 @@ What differs from the eager loop, and why:
   attention of every step and the one-row o/down projections run our Triton kernels (kernels.py), measured
   fastest compiled or not, and so, uncompiled, does the elementwise work between GEMMs (fused_ops.py);
   without triton, compiled one-row steps use explicit sums over key chunks.
-Scope: batch 1, greedy or sampling, full-attention targets whose adapter declares a `static_layout` (dense, or
-sparse MoE blocks whose experts implementation does not sync with the host when graphs are on); `engine/select.py`
-sends everything else to the eager engine. `cuda/graphs.py` runs, compiles and captures the steps. On CPU the
+Scope: batch 1, greedy or sampling, targets whose adapter declares a `static_layout` (with sparse MoE blocks
+only where their experts implementation does not sync with the host when graphs are on); `engine/select.py`
+sends everything else to the eager engine, and on CUDA also layouts not yet verified there unless asked. `cuda/graphs.py` runs, compiles and captures the steps. On CPU the
 same static steps run without graphs; tests compare them token for token with the eager engine (fp32).
 """
 
