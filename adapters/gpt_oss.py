@@ -11,10 +11,10 @@ Quirks:
 - harmony chat format: a turn ends on `<|return|>` (200002), a tool call on `<|call|>` (200012), and
   `<|endoftext|>` (199999) is the pad/eos. `extra_stop_token_ids` lists them for the engine to merge with
   the generation config's eos ids;
-- fast path: sliding and full layers over one static K/V buffer each (the window is a mask), sinks joined to
-  every softmax, biased projections, the RMSNorm weight multiplied in fp32 (so its module runs), half-width
-  rotary tables over the two halves of a head; the MoE block (router + biased, clamped SwiGLU experts) runs as
-  its module and returns (states, router scores);
+- fast path: full layers over a static K/V buffer, sliding ones over a ring of window + 2 x block slots,
+  sinks joined to every softmax, biased projections, the RMSNorm weight multiplied in fp32 (so its module
+  runs), half-width rotary tables over the two halves of a head; the MoE block (router + biased, clamped
+  SwiGLU experts) runs as its module and returns (states, router scores);
 - MoE experts ship as MXFP4; without MXFP4 kernels transformers dequantizes them (20b: about 40 GB in bf16).
 """
 

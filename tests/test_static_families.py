@@ -174,3 +174,31 @@ def test_gemma4_kv_shared_layers_read_their_source_buffers():
         assert eng.target.layers[src].kind == eng.target.layers[i].kind and src < 4
         assert eng.target.k[i] is eng.target.k[src] and eng.target.v[i] is eng.target.v[src]
     assert eng.target.per_layer  # per-layer inputs are on in this config
+
+
+@pytest.mark.parametrize("model_type", ["gpt_oss", "gemma4_text"])
+def test_sliding_rings_wrap_and_stay_exact(model_type):
+    """Sliding layers keep a ring of slots (window 4, verify 8 rows: 64 slots) in a 256-row engine; after a
+    prompt longer than the ring, 20 verify / commit rounds with random accepts run past position 128 (each ring
+    wraps twice), and every verify's logits equal transformers' forward on the committed ids."""
+    adapter, drafter = static_pair(model_type)
+    eng = FastEngine(adapter, drafter, MASK, max_len=256, graphs=False)
+    t = eng.target
+    rings = {r for r in t.ring if r}
+    assert rings == {64} and t.k[0].shape[2] == 64 and max(k.shape[2] for k in t.k) > 64
+    gen = torch.Generator().manual_seed(11)
+    prompt = torch.randint(0, MASK, (1, 70), generator=gen)  # longer than the ring
+    kept = [prompt]
+    with torch.inference_mode():
+        pos = torch.zeros((), dtype=torch.long)
+        t.forward(prompt, pos, prefill=True)
+        pos = pos + prompt.shape[1]
+        for _ in range(20):
+            block = torch.randint(0, MASK, (1, 8), generator=gen)
+            got = t.forward(block, pos)[0]  # [8, V]
+            want = adapter.model(torch.cat([*kept, block], 1)).logits[0, -8:]
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            n = int(torch.randint(1, 9, (1,), generator=gen))
+            t.commit(torch.tensor(n))
+            pos, kept = pos + n, [*kept, block[:, :n]]
+    assert int(pos) > 2 * 64  # the rings wrapped twice

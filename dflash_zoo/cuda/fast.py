@@ -147,7 +147,9 @@ class FastEngine(Engine):
         self.max_len, self.size = max_len, size
         kinds = _kernel_choice(self.device, compile, decode_attention, block_attention, gemv, fused_ops)
         self.decode_attention, self.block_attention, self.gemv, self.fused_ops = kinds
-        self.target = StaticTarget(adapter, size, drafter.cfg.target_layer_ids, fuse, fast_norm, *kinds)
+        self.target = StaticTarget(
+            adapter, size, drafter.cfg.target_layer_ids, fuse, fast_norm, *kinds, max_rows=self.block
+        )
         self.sdraft = StaticDrafter(drafter, size, fuse, fast_norm, self.block_attention, self.fused_ops)
         dev, b = self.device, self.block
         self.pos = torch.zeros((), dtype=torch.long, device=dev)  # committed tokens in the target cache

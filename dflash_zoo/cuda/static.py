@@ -207,6 +207,7 @@ class StaticTarget:
         block_attention: str = "sdpa",
         gemv: bool = False,
         fused_ops: bool = False,
+        max_rows: int = 16,
     ):
         self.adapter, self.model = adapter, adapter.model
         mods = resolve(adapter)  # every module through the adapter's `static_layout`
@@ -240,22 +241,38 @@ class StaticTarget:
                     for m in self.layers]  # fmt: skip
         # a sparse MoE block keeps its own forward (router, experts implementation, shared experts): None here
         self.gate_up = [FusedLinear([m.gate, m.up], fuse) if m.gate is not None else None for m in self.layers]
+        dev = mods.final_norm.weight.device
+        # sliding layers keep a ring of R >= window + 2 * max_rows slots (slot = position % R) where that is
+        # shorter than the buffers: a verify's writes then only replace keys outside every live query's window
+        # (also after a rollback), so the rows a later step needs are never overwritten early
+        self.ring = [self._ring_size(m.window, max_rows, max_len) if m.q is not None else None for m in self.layers]
+        # per ring size: the position each slot holds (never written: far below any window)
+        self.slot_pos = {r: torch.full((r,), -(2**40), dtype=torch.long, device=dev) for r in set(self.ring) if r}
         self.k, self.v = self._kv_buffers(max_len)
         self.group = [self.heads // k.shape[1] if k is not None else 0 for k in self.k]  # query heads per K/V head
-        self.key_pos = torch.arange(max_len, device=mods.final_norm.weight.device)  # [S]
+        self.key_pos = torch.arange(max_len, device=dev)  # [S]
+        self._scratch: dict[int, tuple] = {}  # prefill only: full-prompt K/V of ring layers
         # layers whose prefill cannot use the causal flash kernel: windows and sinks need a mask
         self.masked_prefill = any(m.window is not None or m.sinks is not None for m in self.layers)
         self.per_layer = any(m.per_layer is not None for m in self.layers)  # per-layer inputs from the ids
 
+    @staticmethod
+    def _ring_size(window: int | None, max_rows: int, max_len: int) -> int | None:
+        """Slots of a sliding layer's ring (a multiple of 64, as the buffers), or None: a full-length buffer."""
+        if window is None:
+            return None
+        size = -(-(window + 2 * max_rows) // 64) * 64
+        return size if size < max_len else None
+
     def _kv_buffers(self, max_len: int) -> tuple[list, list]:
-        """[1, kvh, max_len, hd] K and V per attention layer (its own sizes); a KV-shared layer's are its
-        source layer's (it only reads them); None for GDN layers."""
+        """[1, kvh, S, hd] K and V per attention layer (its own sizes; S: max_len, or the ring's slots); a
+        KV-shared layer's are its source layer's (it only reads them); None for GDN layers."""
         k: list[torch.Tensor | None] = [None] * len(self.layers)
         v: list[torch.Tensor | None] = [None] * len(self.layers)
         for i, m in enumerate(self.layers):
             if m.k is not None:
-                w = m.k.weight
-                k[i] = torch.zeros(1, m.k.out_features // m.head_dim, max_len, m.head_dim, device=w.device, dtype=w.dtype)
+                w, rows = m.k.weight, self.ring[i] or max_len
+                k[i] = torch.zeros(1, m.k.out_features // m.head_dim, rows, m.head_dim, device=w.device, dtype=w.dtype)
                 v[i] = torch.zeros_like(k[i])
         for i, m in enumerate(self.layers):
             if m.kv_source is not None:
@@ -263,8 +280,8 @@ class StaticTarget:
         return k, v
 
     def states(self) -> list[torch.Tensor]:
-        """Tensors a step mutates in place besides K/V rows past the committed length (GDN states)."""
-        return [t for g in self.gdn if g is not None for t in g.states()]
+        """Tensors a step mutates in place besides K/V rows it rewrites itself (GDN states, ring slots)."""
+        return [t for g in self.gdn if g is not None for t in g.states()] + list(self.slot_pos.values())
 
     def commit(self, n: torch.Tensor) -> None:
         """After a verify: the first `n` rows (0-d long tensor) were committed; GDN states move past them
@@ -274,12 +291,23 @@ class StaticTarget:
                 g.commit(n)
 
     def _attn(self, i: int, x, rope, positions, masks, prefill: bool):
-        m, t, g = self.layers[i], x.shape[1], self.group[i]
-        buffers = (self.k[i], self.v[i])
-        q = _qkv_store(self.qkv[i], x, self.heads, self.norm, m.qk_norm, rope, positions, buffers,
+        m, t, g, ring = self.layers[i], x.shape[1], self.group[i], self.ring[i]
+        buffers, rows, key = (self.k[i], self.v[i]), positions, (m.window, g)
+        if ring and prefill:  # the whole prompt's K/V (a prompt can be longer than the ring), then its tail
+            src = i if m.kv_source is None else m.kv_source
+            if src not in self._scratch:
+                self._scratch[src] = tuple(b.new_zeros(*b.shape[:2], t, b.shape[-1]) for b in buffers)
+            buffers = self._scratch[src]
+        elif ring:
+            rows, key = positions % ring, ("ring", ring, m.window, g)
+        q = _qkv_store(self.qkv[i], x, self.heads, self.norm, m.qk_norm, rope, rows, buffers,
                        self.rope_kernel[i], self.opts[i])  # fmt: skip
+        if ring and prefill and m.kv_source is None:
+            kept = positions[-ring:]  # the last R prompt rows into their slots
+            for ring_buf, full in zip((self.k[i], self.v[i]), buffers, strict=True):
+                ring_buf.index_copy_(2, kept % ring, full[:, :, -ring:])
         q, gate = q if m.output_gate else (q, None)
-        gmask = masks.get((m.window, g))
+        gmask = masks.get(key)
         if prefill and gmask is None:  # from position 0: causal flash kernel over the prompt, no mask tensor
             # the prompt's K/V heads from the buffers, repeated for the kernel (transient, one layer at a time)
             kk, vv = (b[:, :, :t].repeat_interleave(g, 1) for b in buffers)
@@ -320,16 +348,32 @@ class StaticTarget:
         return self.norm(m.mlp_out_norm, out) if m.mlp_out_norm is not None else out
 
     def _masks(self, positions, prefill: bool, dtype) -> dict:
-        """Additive group masks by (window, query heads per K/V head), for the layers that need one."""
+        """Additive group masks by (window, query heads per K/V head), for the layers that need one; ring layers'
+        by ("ring", R, window, heads per K/V head), from the positions their slots hold."""
         if prefill and not self.masked_prefill:
             return {}
         keys = self.key_pos[: len(positions)] if prefill else self.key_pos
-        causal = keys[None, :] <= positions[:, None]  # [T, S]
         masks = {}
-        for w, g in {(m.window, g) for m, g in zip(self.layers, self.group, strict=True) if m.q is not None}:
-            ok = causal if w is None else causal & (positions[:, None] - keys[None, :] < w)  # HF: q - k < w
-            masks[(w, g)] = _group_mask(ok, g, dtype)
+        for m, g, ring in zip(self.layers, self.group, self.ring, strict=True):
+            if m.q is None:
+                continue
+            held = self.slot_pos[ring] if ring and not prefill else keys  # [S] the position of each key row
+            key = ("ring", ring, m.window, g) if ring and not prefill else (m.window, g)
+            if key not in masks:
+                ok = held[None, :] <= positions[:, None]  # [T, S] causal
+                if m.window is not None:  # HF windows hold the query and the w - 1 keys before it
+                    ok = ok & (positions[:, None] - held[None, :] < m.window)
+                masks[key] = _group_mask(ok, g, dtype)
         return masks
+
+    def _place(self, positions, prefill: bool) -> None:
+        """Record which position each ring slot holds after this forward's writes (prefill: the prompt's last
+        R rows; before any mask is built)."""
+        for ring, held in self.slot_pos.items():
+            if prefill:
+                held.fill_(-(2**40))
+                positions = positions[-ring:]
+            held.index_copy_(0, positions % ring, positions)
 
     def _rope(self, emb, positions) -> dict:
         """(cos, sin) [T, rot] by layer type (one entry, None, unless the tables differ by type)."""
@@ -350,6 +394,7 @@ class StaticTarget:
         emb = self.adapter.embed(ids)  # [1, T, H]
         t = emb.shape[1]
         positions = pos + self.key_pos[:t]  # [T]
+        self._place(positions, prefill)
         rope, masks = self._rope(emb, positions), self._masks(positions, prefill, emb.dtype)
         extra = self.adapter.per_layer_inputs(ids, emb) if self.per_layer else None  # [1, T, L, P]
         mode = "prefill" if prefill else "step" if t == 1 else "verify"
@@ -369,6 +414,7 @@ class StaticTarget:
                 x = x * m.scalar
             for slot in self.taps.get(i, ()) if taps_out is not None else ():
                 taps_out[:, :, slot * self.hidden : (slot + 1) * self.hidden].copy_(x)
+        self._scratch = {}  # the prefill's full-prompt K/V of ring layers: their tails are in the rings now
         x = x[:, -1:] if last_only else x
         return self.adapter.logits(self.norm(self.final_norm, x))  # [1, T or 1, V]
 
