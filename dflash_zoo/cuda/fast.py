@@ -26,8 +26,9 @@ What differs from the eager loop, and why:
   without triton, compiled one-row steps use explicit sums over key chunks.
 Scope: batch 1, greedy or sampling, targets whose adapter declares a `static_layout` (with sparse MoE blocks
 only where their experts implementation does not sync with the host when graphs are on); `engine/select.py`
-sends everything else to the eager engine, and on CUDA also layouts not yet verified there unless asked. `cuda/graphs.py` runs, compiles and captures the steps. On CPU the
-same static steps run without graphs; tests compare them token for token with the eager engine (fp32).
+sends everything else to the eager engine, and on CUDA also layouts not yet verified there unless asked.
+`cuda/graphs.py` runs, compiles and captures the steps. On CPU the same static steps run without graphs; tests
+compare them token for token with the eager engine (fp32).
 """
 
 from __future__ import annotations

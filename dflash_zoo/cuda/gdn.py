@@ -92,8 +92,10 @@ class StaticGDN:
         g = -g_mod.A_log.float().exp() * F.softplus(a.float() + g_mod.dt_bias)  # [1, T, Hv], log decay <= 0
         initial = None if mode == "prefill" else self.state
         rule = self.recurrent_rule if t == 1 and mode != "prefill" else self.chunk_rule
+        # a verify's final state is not used: `commit` computes the one after the accepted rows
         core, final = rule(
-            q, k, v, g=g, beta=beta, initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True
+            q, k, v, g=g, beta=beta, initial_state=initial, output_final_state=mode != "verify",
+            use_qk_l2norm_in_kernel=True,
         )  # core [1, T, Hv, Dv]
         if mode == "verify":
             self._pending = (conv_in, k, v, g, beta)

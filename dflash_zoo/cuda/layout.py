@@ -62,7 +62,6 @@ class TargetModules(NamedTuple):
     layers: list[LayerModules]
     final_norm: nn.Module
     rotary_emb: nn.Module
-    head_dim: int
     eps: float  # every RMSNorm's epsilon
     silu: bool  # the dense MLPs' activation is SiLU: the fused SiLU kernels apply
     layout: StaticLayout
@@ -229,13 +228,11 @@ def resolve(adapter: TargetAdapter) -> TargetModules:
     kinds = layer_kinds(adapter)
     layers = [_layer(adapter, layout, i, kinds[i], layer) for i, layer in enumerate(adapter.layers())]
     layers = _link_shared_kv(adapter, layout, layers)
-    head_dim = next((m.head_dim for m in layers if m.head_dim), 0)  # the first attention layer's (0: none)
     act = getattr(text, layout.mlp.activation, None) if layout.mlp is not None else None
     return TargetModules(
         layers=layers,
         final_norm=_lookup(adapter, model, adapter.final_norm_path(), "the model"),
         rotary_emb=_lookup(adapter, model, layout.rotary_emb, "the model"),
-        head_dim=head_dim,
         eps=_lookup(adapter, text, layout.norm_eps, "the text config"),
         silu=act in ("silu", "swish"),
         layout=layout,
@@ -248,8 +245,7 @@ def layout_reason(adapter: TargetAdapter) -> str | None:
     layout = type(adapter).static_layout
     if layout is None:
         return f"no static layout declared by the {_name(adapter)} adapter"
-    types = getattr(adapter.text_config, "layer_types", None) or []
-    other = sorted({t for t in types if t not in layout.layer_types})
+    other = sorted({t for t in layer_kinds(adapter) if t not in layout.layer_types})
     if other:
         return f"target has {', '.join(other)} layers; the static layout runs {', '.join(layout.layer_types)}"
     return None

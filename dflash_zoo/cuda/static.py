@@ -228,7 +228,6 @@ class StaticTarget:
             self.taps.setdefault(lid, []).append(slot)
         self.hidden = text.hidden_size
         self.dtype = mods.final_norm.weight.dtype
-        self.attention = [m.q is not None for m in self.layers]
         # q/k/v as one GEMM; a KV-shared layer projects q alone, one whose values are its keys q and k
         self.qkv = [FusedLinear([p for p in (m.q, m.k, m.v) if p is not None], fuse) if m.q is not None else None
                     for m in self.layers]  # fmt: skip
@@ -252,6 +251,7 @@ class StaticTarget:
         self.group = [self.heads // k.shape[1] if k is not None else 0 for k in self.k]  # query heads per K/V head
         self.key_pos = torch.arange(max_len, device=dev)  # [S]
         self._scratch: dict[int, tuple] = {}  # prefill only: full-prompt K/V of ring layers
+        self.has_attention = any(q is not None for q in self.qkv)  # else no rotary tables to compute
         # layers whose prefill cannot use the causal flash kernel: windows and sinks need a mask
         self.masked_prefill = any(m.window is not None or m.sinks is not None for m in self.layers)
         self.per_layer = any(m.per_layer is not None for m in self.layers)  # per-layer inputs from the ids
@@ -380,7 +380,7 @@ class StaticTarget:
         ids = positions[None, None].expand(self.axes, 1, -1) if self.axes else positions[None]  # mRoPE: [3, 1, T]
         kinds = {m.kind for m in self.layers if m.q is not None} if self.by_type else {None}
         rope = {}
-        for kind in kinds if any(self.attention) else ():
+        for kind in kinds if self.has_attention else ():
             cos, sin = self.rotary_emb(emb, ids, *([kind] if kind else []))  # [1, T, rot] (rot / 2: halves)
             cos, sin = cos[0], sin[0]
             rope[kind] = (torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)) if self.halves else (cos, sin)
