@@ -93,9 +93,15 @@ class GatedMLP:
 
 @dataclass(frozen=True)
 class SparseMoE:
-    """A sparse MoE block, run as the family's own module (router, experts, shared experts inside it)."""
+    """A sparse MoE block: run as the family's own module, or for a few rows (one-row steps) as its parts:
+    `router(x [N, H], *router_args)` -> (logits, top-k weights, top-k indices), the routed experts through
+    the static engine's expert GEMV (cuda/moe.py), plus `sigmoid(shared_expert_gate(x)) * shared_expert(x)`."""
 
     experts: str = "experts"  # the child that marks a layer's MLP module as this block
+    router: str = "gate"
+    router_args: tuple[str, ...] = ()  # block attributes passed to the router after x (MiniMax: a score bias)
+    shared_expert: str | None = None  # an always-on expert beside the routed ones (Qwen3.5-MoE, Qwen3-Next)
+    shared_expert_gate: str | None = None  # its sigmoid gate
     # config attribute naming transformers' experts implementation (`integrations/moe.py`): the static engine
     # reads it to tell whether a step would sync with the host, so whether it can be a CUDA graph
     implementation: str = "_experts_implementation"

@@ -37,7 +37,7 @@ class GptOssAdapter(TargetAdapter):
     static_layout = StaticLayout(
         attention=StaticAttention(sinks="sinks"),
         mlp=None,
-        moe=SparseMoE(),
+        moe=SparseMoE(router="router"),
         rotary_halves=True,
         llama_norms=False,
         layer_types=("sliding_attention", "full_attention"),

@@ -37,7 +37,8 @@ class MiniMaxM2Adapter(TargetAdapter):
     static_layout = StaticLayout(
         attention=StaticAttention(q_norm="q_norm", k_norm="k_norm", qk_norm_per_head=False),
         mlp=None,
-        moe=SparseMoE(),
+        moe=SparseMoE(router_args=("e_score_correction_bias",)),
+        cuda_verified=True,
     )
 
     @classmethod

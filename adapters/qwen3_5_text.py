@@ -27,11 +27,12 @@ from dflash_zoo.adapters.base import SparseMoE, StaticAttention, StaticGDN, Stat
 # blocks (experts + shared expert) run as their modules
 HYBRID_LAYOUT = StaticLayout(
     attention=StaticAttention(q_norm="q_norm", k_norm="k_norm", output_gate=True),
-    moe=SparseMoE(),
+    moe=SparseMoE(shared_expert="shared_expert", shared_expert_gate="shared_expert_gate"),
     llama_norms=False,
     rotary_axes=3,  # mRoPE position ids (time, height, width), as the text model builds them
     linear=StaticGDN(),
     layer_types=("linear_attention", "full_attention"),
+    cuda_verified=True,
 )
 
 

@@ -76,6 +76,15 @@ def test_split_attention_equals_masked_sdpa(interpret, case, dtype, tol):
     torch.testing.assert_close(out, kernels.split_kv_attention(q, k, v, bias, 0.125))
 
 
+def test_wide_heads_split_their_rows_across_launches(interpret, monkeypatch):
+    """A [rows, head dim] tile over the on-chip limit (Gemma 4's 512-wide global heads x 8:1 GQA x 16 rows) runs
+    in row slices; the result is the same attention."""
+    monkeypatch.setattr(kernels, "MAX_ACCUMULATOR", 16 * 64)  # the slicing of a 128 x 512 tile, at test size
+    q, k, v, bias = _case(2, 40, 64, 96, 90, torch.float32)
+    got = kernels.split_kv_attention(q, k, v, bias, 0.125)
+    torch.testing.assert_close(got, _reference(q, k, v, bias, 0.125), rtol=1e-5, atol=1e-5)
+
+
 def test_grouped_split_is_grouped_sdpa(interpret):
     """The static path's wrapper keeps `_grouped_sdpa`'s GQA row order, for one row and for a block."""
     for t in (1, 6):

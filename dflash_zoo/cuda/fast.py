@@ -95,6 +95,17 @@ def _kernel_choice(
     return decode, block, gemv, fused
 
 
+def _moe_rows(device, gemv: bool, rows: int | None) -> int:
+    """Steps of at most this many rows run sparse MoE experts through the expert GEMV (cuda/moe.py): by default
+    the one-row steps wherever the GEMV kernel runs (`DFLASH_ZOO_MOE_ROWS` overrides, for measurements)."""
+    if rows is None:
+        return int(os.environ.get("DFLASH_ZOO_MOE_ROWS", "1")) if gemv else 0
+    why = kernels.available(device)
+    if rows and why:
+        raise ValueError(f"moe_rows: {why}")
+    return rows
+
+
 class FastEngine(Engine):
     """Static buffers + captured steps for one (target, drafter) pair; reusable across prompts.
 
@@ -113,9 +124,11 @@ class FastEngine(Engine):
         gemv: the autoregressive step's o and down projections through the split-K Triton GEMV of kernels.py.
         fused_ops: the elementwise work between GEMMs (q/k norm + rotary + K/V writes, RMSNorms, SwiGLU
             products) through the Triton kernels of fused_ops.py.
+        moe_rows: steps of at most this many rows run a sparse MoE block's routed experts through the expert
+            GEMV of moe.py (one GEMV per chosen expert) instead of the block's experts implementation.
         Defaults: on CUDA with triton, "split", "split", True (measured fastest compiled and not on an H200,
-        docs/performance.md) and True uncompiled; otherwise `COMPILED_DECODE_ATTENTION` when compiling,
-        else "sdpa"; "sdpa"; False; False.
+        docs/performance.md), True uncompiled and 1; otherwise `COMPILED_DECODE_ATTENTION` when compiling,
+        else "sdpa"; "sdpa"; False; False; 0.
     """
 
     name: ClassVar[str] = "fast"
@@ -136,6 +149,7 @@ class FastEngine(Engine):
         block_attention: str | None = None,
         gemv: bool | None = None,
         fused_ops: bool | None = None,
+        moe_rows: int | None = None,
     ):
         self.device = next(adapter.layers()[0].parameters()).device
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -148,8 +162,9 @@ class FastEngine(Engine):
         self.max_len, self.size = max_len, size
         kinds = _kernel_choice(self.device, compile, decode_attention, block_attention, gemv, fused_ops)
         self.decode_attention, self.block_attention, self.gemv, self.fused_ops = kinds
+        self.moe_rows = _moe_rows(self.device, self.gemv, moe_rows)
         self.target = StaticTarget(
-            adapter, size, drafter.cfg.target_layer_ids, fuse, fast_norm, *kinds, max_rows=self.block
+            adapter, size, drafter.cfg.target_layer_ids, fuse, fast_norm, *kinds, self.block, self.moe_rows
         )
         self.sdraft = StaticDrafter(drafter, size, fuse, fast_norm, self.block_attention, self.fused_ops)
         dev, b = self.device, self.block

@@ -31,6 +31,9 @@ log = logging.getLogger("dflash_zoo")
 TILE = 32  # keys per inner iteration
 MAX_CHUNKS = 64  # partial results per (head, row) that the merge kernel reads at once
 PROGRAMS_PER_SM = 2  # target (KV head, chunk) programs per SM; tile rounding lands between half and all of it
+# largest [query rows x head dim] accumulator of one program: 128 x 128 fits an H200's shared memory, 128 x 512
+# (8:1 GQA x 16 rows of Gemma 4's global layers) needs 528 KB and fails to compile
+MAX_ACCUMULATOR = 128 * 128
 
 
 def available(device: torch.device) -> str | None:
@@ -177,6 +180,10 @@ def split_kv_attention(
 ) -> torch.Tensor:
     """q [kvh, rows, d] (a head's GQA query rows); k, v [kvh, S, d]; bias [rows, S] additive -> [kvh, rows, d]."""
     kvh, rows, hd = q.shape
+    step = max(1, MAX_ACCUMULATOR // _pow2(hd))  # rows per launch: the [rows, d] fp32 tile must fit on chip
+    if _pow2(rows) * _pow2(hd) > MAX_ACCUMULATOR and rows > step:  # e.g. Gemma 4's 512-wide global heads
+        parts = [slice(r, min(rows, r + step)) for r in range(0, rows, step)]
+        return torch.cat([split_kv_attention(q[:, p], k, v, bias[p], scale) for p in parts], dim=1)
     keys = k.shape[1]
     q, k, v, bias = q.contiguous(), k.contiguous(), v.contiguous(), bias.contiguous()
     big_r, big_d = _pow2(rows), _pow2(hd)

@@ -52,6 +52,9 @@ class LayerModules(NamedTuple):
     attn_out_norm: nn.Module | None = None  # sandwich norms (Gemma) on the sublayer outputs
     mlp_out_norm: nn.Module | None = None
     moe_branch: tuple[nn.Module, ...] | None = None  # (router, experts, dense out, experts in, experts out norms)
+    # a sparse block's parts for the expert GEMV (`SparseMoE`): (router, router args, experts, shared expert,
+    # its gate); None: the block runs as its module
+    moe_parts: tuple[Any, ...] | None = None
     per_layer: tuple[nn.Module, ...] | None = None  # (gate, projection, norm, act) of the per-layer input
     scalar: torch.Tensor | None = None  # multiplies the layer's output
 
@@ -162,14 +165,16 @@ def _layer(adapter: TargetAdapter, layout: StaticLayout, i: int, kind: str, laye
     else:
         mixer.update(_attention(adapter, layout, kind, layer, where))
     mlp = _lookup(adapter, layer, layout.mlp_path, where)
-    gate = up = down = act = None
-    if not _is_sparse(layout, mlp):
-        if layout.mlp is None:
-            raise UnsupportedModelError(
-                f"{where}'s MLP ({type(mlp).__name__}) has no {layout.moe.experts!r} child, and the static "
-                f"layout of the {_name(adapter)} adapter declares no dense MLP",
-                hint=f"fix `static_layout` in {type(adapter).__module__}",
-            )
+    gate = up = down = act = moe_parts = None
+    if _is_sparse(layout, mlp):
+        moe_parts = _moe_parts(adapter, layout.moe, mlp, f"{where}.{layout.mlp_path}")
+    elif layout.mlp is None:
+        raise UnsupportedModelError(
+            f"{where}'s MLP ({type(mlp).__name__}) has no {layout.moe.experts!r} child, and the static "
+            f"layout of the {_name(adapter)} adapter declares no dense MLP",
+            hint=f"fix `static_layout` in {type(adapter).__module__}",
+        )
+    else:
         mw, g = f"{where}.{layout.mlp_path}", layout.mlp
         gate, up, down = (_linear(adapter, mlp, n, mw) for n in (g.gate_proj, g.up_proj, g.down_proj))
         act = _lookup(adapter, mlp, g.act_fn, mw)
@@ -177,8 +182,22 @@ def _layer(adapter: TargetAdapter, layout: StaticLayout, i: int, kind: str, laye
         kind=kind,
         input_norm=_lookup(adapter, layer, layout.input_norm, where),
         post_norm=_lookup(adapter, layer, layout.post_attention_norm, where),
-        **mixer, mlp=mlp, gate=gate, up=up, down=down, act=act, **_extras(adapter, layout, layer, where),
+        **mixer, mlp=mlp, gate=gate, up=up, down=down, act=act, moe_parts=moe_parts,
+        **_extras(adapter, layout, layer, where),
     )  # fmt: skip
+
+
+def _moe_parts(adapter: TargetAdapter, moe: SparseMoE, block: nn.Module, where: str) -> tuple[Any, ...] | None:
+    """(router, router args, experts, shared expert, its gate) of a sparse block, or None where the expert
+    GEMV cannot run its experts (they keep the block's own forward)."""
+    from dflash_zoo.cuda.moe import supported
+
+    experts = _lookup(adapter, block, moe.experts, where)
+    if supported(experts) is not None:
+        return None
+    get = lambda name: None if name is None else _lookup(adapter, block, name, where)  # noqa: E731
+    args = tuple(get(a) for a in moe.router_args)
+    return get(moe.router), args, experts, get(moe.shared_expert), get(moe.shared_expert_gate)
 
 
 def _extras(adapter: TargetAdapter, layout: StaticLayout, layer: nn.Module, where: str) -> dict:

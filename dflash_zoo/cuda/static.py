@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_zoo.cuda import fused_ops, kernels
+from dflash_zoo.cuda import fused_ops, kernels, moe
 from dflash_zoo.cuda.attention import BLOCK_ATTENTION, DECODE_ATTENTION, _group_mask, _grouped_sinks
 from dflash_zoo.cuda.gdn import StaticGDN
 from dflash_zoo.cuda.layout import graph_unsafe_reason, layout_reason, resolve
@@ -208,8 +208,10 @@ class StaticTarget:
         gemv: bool = False,
         fused_ops: bool = False,
         max_rows: int = 16,
+        moe_rows: int = 0,
     ):
         self.adapter, self.model = adapter, adapter.model
+        self.moe_rows = moe_rows  # steps of at most this many rows run routed experts through cuda/moe.py
         mods = resolve(adapter)  # every module through the adapter's `static_layout`
         self.layers, self.final_norm, self.rotary_emb = mods.layers, mods.final_norm, mods.rotary_emb
         layout, text = mods.layout, adapter.text_config
@@ -325,11 +327,30 @@ class StaticTarget:
             return kernels.gemv(out, m.o.weight, m.o.bias, None)
         return m.o(out)  # [1, T, H]
 
+    def _experts(self, experts, x, index, weights):
+        """Routed experts of rows x [N, H]: the expert GEMV for few rows, else the module (its implementation)."""
+        if x.shape[0] <= self.moe_rows and moe.supported(experts) is None:
+            return moe.routed(experts, x, index, weights)
+        return experts(x, index, weights)
+
+    def _sparse(self, i: int, x):
+        """A sparse MoE block over x [1, T, H]: as its module, or for few rows as its declared parts."""
+        m = self.layers[i]
+        if m.moe_parts is None or x.shape[1] > self.moe_rows:
+            out = m.mlp(x)  # [1, T, H]; some MoE blocks also return their router scores
+            return out[0] if isinstance(out, tuple) else out
+        router, args, experts, shared, shared_gate = m.moe_parts
+        flat = x.reshape(-1, x.shape[-1])  # [T, H]
+        _, weights, index = router(flat, *args)  # [T, k] each
+        out = self._experts(experts, flat, index, weights)
+        if shared is not None:  # the always-on expert, gated per token
+            out = out + torch.sigmoid(shared_gate(flat)) * shared(flat)
+        return out.reshape(x.shape)
+
     def _mlp(self, i: int, x):
         m = self.layers[i]
         if self.gate_up[i] is None:
-            out = m.mlp(x)  # [1, T, H]; some MoE blocks also return their router scores
-            return out[0] if isinstance(out, tuple) else out
+            return self._sparse(i, x)
         gate, up = self.gate_up[i](x)  # [1, T, F] each
         if self.gemv and self.silu and x.shape[1] == 1:  # silu(gate) * up computed inside the kernel
             return kernels.gemv(up, m.down.weight, m.down.bias, gate)
@@ -343,7 +364,7 @@ class StaticTarget:
             router, experts, dense_out, experts_in, experts_out = m.moe_branch
             flat = x.reshape(-1, x.shape[-1])  # [T, H]
             _, weights, index = router(flat)
-            routed = experts(self.norm(experts_in, flat), index, weights).reshape(x.shape)
+            routed = self._experts(experts, self.norm(experts_in, flat), index, weights).reshape(x.shape)
             out = self.norm(dense_out, out) + self.norm(experts_out, routed)
         return self.norm(m.mlp_out_norm, out) if m.mlp_out_norm is not None else out
 
