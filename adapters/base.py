@@ -177,9 +177,11 @@ class StaticLayout:
     # Qwen3.5's rotary embedding takes multimodal (mRoPE) position ids [axes, 1, T] (a text prompt: the same
     # position on every axis); 0: plain [1, T] position ids
     rotary_axes: int = 0
-    # the RMSNorms are Llama's formula, `weight * normed(x).to(dtype)`, so `F.rms_norm` and the fused kernels
-    # reproduce them; False (zero-centred `1 + weight`, or the weight multiplied in fp32): call each module
-    llama_norms: bool = True
+    # the decoder's RMSNorm formula: "llama", `weight * normed(x).to(dtype)` (`F.rms_norm` and every fused kernel
+    # reproduce it); "fp32_weight", `(normed(x) * weight).to(dtype)` in fp32 (gpt-oss, Gemma 4);
+    # "fp32_one_plus_weight", `(normed(x) * (1 + weight)).to(dtype)` in fp32 (Qwen3.5, Qwen3-Next). The last two
+    # run through the norm kernel only (their modules elsewhere; the fused q/k rotary kernel is Llama's)
+    norms: str = "llama"
     sliding_window: str = "sliding_window"  # config key of the window of `sliding_attention` layers
     # Gemma 4: one rotary embedding with tables per layer type, called (x, position_ids, layer_type)
     rotary_by_layer_type: bool = False

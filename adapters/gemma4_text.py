@@ -61,8 +61,9 @@ class Gemma4TextAdapter(TargetAdapter):
         parallel_moe=ParallelMoE(),
         per_layer_input=PerLayerInput(),
         layer_scalar="layer_scalar",
-        llama_norms=False,
+        norms="fp32_weight",
         rotary_by_layer_type=True,
+        cuda_verified=True,
         layer_types=("sliding_attention", "full_attention"),
     )
 

@@ -39,7 +39,7 @@ class GptOssAdapter(TargetAdapter):
         mlp=None,
         moe=SparseMoE(router="router"),
         rotary_halves=True,
-        llama_norms=False,
+        norms="fp32_weight",
         layer_types=("sliding_attention", "full_attention"),
         cuda_verified=True,
     )

@@ -28,7 +28,7 @@ from dflash_zoo.adapters.base import SparseMoE, StaticAttention, StaticGDN, Stat
 HYBRID_LAYOUT = StaticLayout(
     attention=StaticAttention(q_norm="q_norm", k_norm="k_norm", output_gate=True),
     moe=SparseMoE(shared_expert="shared_expert", shared_expert_gate="shared_expert_gate"),
-    llama_norms=False,
+    norms="fp32_one_plus_weight",
     rotary_axes=3,  # mRoPE position ids (time, height, width), as the text model builds them
     linear=StaticGDN(),
     layer_types=("linear_attention", "full_attention"),

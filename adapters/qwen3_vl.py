@@ -38,6 +38,7 @@ class Qwen3VLAdapter(TargetAdapter):
         moe=SparseMoE(),
         rotary_emb="model.language_model.rotary_emb",
         rotary_axes=3,
+        cuda_verified=True,
     )
 
     def new_cache(self) -> Any:

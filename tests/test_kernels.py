@@ -203,6 +203,58 @@ def test_rope_store_rejects_a_width_that_is_not_its_heads_and_strided_caches(int
         fused_ops.rope_store(torch.zeros(1, 128), None, None, *rope, strided, caches[1], 4, 1e-6)
 
 
+def _family_norms(n: int):
+    """(formula, HF norm module of that formula): gpt-oss's and Gemma 4's fp32 weight, Qwen3.5's 1 + weight."""
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4RMSNorm
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRMSNorm
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm
+
+    return [("fp32_weight", GptOssRMSNorm(n, 1e-5)), ("fp32_weight", Gemma4RMSNorm(n, 1e-6)),
+            ("fp32_one_plus_weight", Qwen3_5RMSNorm(n, 1e-6))]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rms_norm_kernel_equals_the_fp32_weight_norms(interpret, dtype):
+    """The norm kernel with the declared non-Llama formulas equals each family's own module (their weights
+    random, rows of 256 and 100); the Llama formula on the same inputs does not."""
+    from dflash_zoo.cuda.static import _Norms
+
+    gen = torch.Generator().manual_seed(4)
+    for n in (256, 100):
+        x = (torch.randn(2, 5, n, generator=gen) * 3).to(dtype)
+        for formula, module in _family_norms(n):
+            with torch.no_grad():
+                module.weight.copy_(torch.rand(n, generator=gen) + 0.5)
+            module.to(dtype)
+            want = module(x)
+            got = _Norms(0.0, fast=False, kernel=True, formula=formula)(module, x)  # eps read off the module
+            tol = 1e-6 if dtype == torch.float32 else 2e-3
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+            llama = _Norms(0.0, fast=False, kernel=True)(module, x)
+            assert not torch.allclose(llama, want, atol=tol, rtol=tol) or formula == "fp32_weight"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gated_norm_kernel_equals_the_gated_delta_net_norm(interpret, dtype):
+    """norm(x) * silu(z) in one kernel equals Qwen3.5's and Qwen3-Next's gated norm modules; without the gate
+    it does not."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNormGated
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated
+
+    gen = torch.Generator().manual_seed(5)
+    for cls in (Qwen3_5RMSNormGated, Qwen3NextRMSNormGated):
+        m = cls(128, eps=1e-6)
+        with torch.no_grad():
+            m.weight.copy_(torch.rand(128, generator=gen) + 0.5)
+        m.to(dtype)
+        x, z = ((torch.randn(6, 128, generator=gen) * 3).to(dtype) for _ in range(2))
+        want = m(x, z)
+        got = fused_ops.rms_norm(x, m.weight, m.variance_epsilon, gate=z)
+        tol = 1e-6 if dtype == torch.float32 else 2e-3
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+        assert not torch.allclose(fused_ops.rms_norm(x, m.weight, m.variance_epsilon), want, atol=tol)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_rms_norm_kernel_equals_the_static_formula(interpret, dtype):
     """weight * rms_norm(x), the norm rounded before the weight product; rows of 256 and of 100 (a partial
@@ -378,3 +430,16 @@ def test_split_kernels_graphed_engine_equals_eager_fp32(model_type, compile):
     flags = dict(decode_attention="split", block_attention="split", gemv=True)
     eng = FastEngine(adapter, drafter, MASK, 64, graphs=True, compile=compile, **flags)
     _assert_both_paths_equal_ar(eng, adapter, GenerationConfig(max_new_tokens=24), "cuda")
+
+
+@pytest.mark.gpu
+@CUDA
+def test_fp32_weight_and_gated_norms_bf16_on_cuda():
+    """The non-Llama norm formulas in bf16 on the GPU: as close to each family's module as one rounding."""
+    from dflash_zoo.cuda.static import _Norms
+
+    for formula, module in _family_norms(4096):
+        module.cuda().to(torch.bfloat16)
+        x = torch.randn(16, 4096, device="cuda").to(torch.bfloat16) * 3
+        got = _Norms(0.0, fast=False, kernel=True, formula=formula)(module, x)
+        assert (got.float() - module(x).float()).abs().max() <= 2**-6 * module(x).float().abs().max()

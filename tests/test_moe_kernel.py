@@ -60,7 +60,7 @@ def test_a_wrong_expert_is_caught(interpret, model_type):  # noqa: F811
         assert not torch.allclose(moe.routed(experts, x, wrong, weights), experts(x, index, weights), atol=1e-4)
 
 
-@pytest.mark.parametrize("moe_rows", [1, 16])
+@pytest.mark.parametrize("moe_rows", [1, pytest.param(16, marks=pytest.mark.slow)])  # 16: ~15 s each
 @pytest.mark.parametrize("model_type", MOE_TYPES)
 def test_engine_with_the_expert_gemv_equals_eager(interpret, model_type, moe_rows):  # noqa: F811
     """One-row steps (the default), and verify steps too: tokens and drafts as the eager loop (fp32)."""

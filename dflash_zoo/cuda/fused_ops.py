@@ -7,7 +7,8 @@ a DFlash step's 841 us of kernel time. Three kernels take their place:
 - `rope_store`: a layer's q/k/v rows from one fused projection -> q RMSNorm'd and rotated; k the same and
   written into the K cache; v written into the V cache (~16 kernels a layer: two norms, two weight products,
   rotate_half's negation and concatenation, three products, a sum, two index copies);
-- `rms_norm`: `weight * rms_norm(x)` (torch's norm kernel plus a broadcast product);
+- `rms_norm`: `weight * rms_norm(x)` (torch's norm kernel plus a broadcast product), or the fp32-weight
+  formulas of gpt-oss, Gemma 4 and Qwen3.5 (~7 kernels of their norm modules);
 - `silu_mul`: `silu(gate) * up` over the strided halves of a fused gate/up projection.
 Each op is rounded to the dtype where torch rounds it (the norm to the dtype, then the weight product; each
 rotary product, then their sum; SiLU, then the product), so in fp16 they equal the torch ops bitwise except
@@ -68,14 +69,21 @@ def _kernels():
                 tl.store(K + ((j - heads) * keys + pos) * hd + d, y, mask=dok)
 
     @triton.jit
-    def rms_norm(X, W, Y, n, eps, D: tl.constexpr):
+    def rms_norm(X, W, G, Y, n, eps, offset, D: tl.constexpr, FP32_WEIGHT: tl.constexpr, GATED: tl.constexpr):
         row, d = tl.program_id(0), tl.arange(0, D)
         ok = d < n
         x = tl.load(X + row * n + d, mask=ok, other=0.0)
         xf = x.to(tl.float32)
         r = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / n + eps)
         w = tl.load(W + d, mask=ok, other=0.0).to(tl.float32)
-        tl.store(Y + row * n + d, ((xf * r).to(x.dtype).to(tl.float32) * w).to(x.dtype), mask=ok)
+        if FP32_WEIGHT:  # (normed * (offset + weight)) in fp32, rounded once
+            y = (xf * r * (w + offset)).to(x.dtype)
+        else:  # Llama: the norm rounded to the dtype, then the weight product
+            y = ((xf * r).to(x.dtype).to(tl.float32) * w).to(x.dtype)
+        if GATED:  # times silu(gate) in fp32, rounded once (Qwen3.5's gated norm)
+            g = tl.load(G + row * n + d, mask=ok, other=0.0).to(tl.float32)
+            y = (y.to(tl.float32) * (g / (1.0 + tl.exp(-g)))).to(x.dtype)
+        tl.store(Y + row * n + d, y, mask=ok)
 
     @triton.jit
     def silu_mul(G, U, Y, n, g_stride, u_stride, BLOCK: tl.constexpr):
@@ -129,18 +137,32 @@ def _(qkv, q_weight, k_weight, cos, sin, positions, k_cache, v_cache, heads, eps
 
 
 @torch.library.custom_op("dflash_zoo::rms_norm", mutates_args=())
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [..., n] -> weight * rms_norm(x) [..., n] (`static._Norms`'s formula: HF's RMSNorm); weight [n]."""
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    fp32_weight: bool = False,
+    offset: float = 0.0,
+    gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [..., n] -> RMSNorm [..., n]; weight [n]. Llama's formula, weight * normed(x).to(dtype) (`static._Norms`),
+    or with `fp32_weight` (normed(x) * (offset + weight)).to(dtype), all in fp32: gpt-oss and Gemma 4 (offset 0),
+    Qwen3.5 / Qwen3-Next (offset 1, their zero-centred weights). With `gate` [..., n] the result is then
+    multiplied by silu(gate) in fp32 and rounded (the gated norm of Gated-DeltaNet layers)."""
     n = x.shape[-1]
     x, weight = x.contiguous(), weight.contiguous()
+    g = gate.contiguous() if gate is not None else x
     y = torch.empty_like(x)
     d = _pow2(n)
-    _kernels()[1][(x.numel() // n,)](x, weight, y, n, eps, D=d, num_warps=4 if d <= 2048 else 8)
+    _kernels()[1][(x.numel() // n,)](
+        x, weight, g, y, n, eps, offset, D=d, FP32_WEIGHT=fp32_weight, GATED=gate is not None,
+        num_warps=4 if d <= 2048 else 8,
+    )  # fmt: skip
     return y
 
 
 @rms_norm.register_fake
-def _(x, weight, eps):
+def _(x, weight, eps, fp32_weight=False, offset=0.0, gate=None):
     return torch.empty_like(x)
 
 

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_zoo.adapters._hybrid import gated_delta_final_state
+from dflash_zoo.cuda import fused_ops
 
 # (query, key, value, g, beta, initial_state, output_final_state, use_qk_l2norm_in_kernel) -> (out, state)
 DeltaRule = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
@@ -57,8 +58,12 @@ def delta_rule_kernels(gdn: nn.Module, device: torch.device) -> tuple[DeltaRule,
 class StaticGDN:
     """One GDN layer: prefill (from a zero state), one-row steps (state moves on), verify + `commit`."""
 
-    def __init__(self, gdn: nn.Module, parts: tuple[nn.Module, nn.Module, nn.Module], project: Callable):
+    def __init__(
+        self, gdn: nn.Module, parts: tuple[nn.Module, nn.Module, nn.Module], project: Callable, kernel: bool = False
+    ):
         self.gdn, (self.conv1d, self.gated_norm, self.out_proj) = gdn, parts
+        # the gated norm (Llama-formula norm times silu(z)) in one kernel (`fused_ops.rms_norm` with a gate)
+        self.norm_kernel = kernel and getattr(self.gated_norm, "activation", None) == "silu"
         self.project = project  # (gdn, x [1, T, H]) -> (conv input [1, T, C], z [1, T, Hv, Dv], b, a [1, T, Hv])
         self.k_size = self.conv1d.kernel_size[0]
         channels = self.conv1d.in_channels
@@ -102,8 +107,15 @@ class StaticGDN:
         else:
             self.window.copy_(conv_in[..., -(self.k_size - 1) :])
             self.state.copy_(final)
-        out = self.gated_norm(core.reshape(-1, g_mod.head_v_dim), z.reshape(-1, g_mod.head_v_dim))
+        out = self._gated_norm(core.reshape(-1, g_mod.head_v_dim), z.reshape(-1, g_mod.head_v_dim))
         return self.out_proj(out.reshape(1, t, -1))
+
+    def _gated_norm(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """norm(x) * silu(z), rows [N, Dv]: the module, or one kernel of the same rounding."""
+        m = self.gated_norm
+        if self.norm_kernel and m.weight.dtype == x.dtype == z.dtype:
+            return fused_ops.rms_norm(x, m.weight, m.variance_epsilon, gate=z)
+        return m(x, z)
 
     def commit(self, n: torch.Tensor) -> None:
         """Move both states past the first `n` rows of the last verify (0-d long tensor, 1 <= n <= T)."""

@@ -109,16 +109,24 @@ class FusedLinear:
         return F.linear(x, self.weight, self.bias)
 
 
+# `StaticLayout.norms` formulas that are not Llama's: (weight multiplied in fp32, offset added to the weight)
+FP32_NORMS = {"fp32_weight": 0.0, "fp32_one_plus_weight": 1.0}
+
+
 class _Norms:
     """RMSNorm over HF / drafter norm modules: the module itself, or `weight * F.rms_norm(x)` (same numerics),
-    or that formula in one kernel (`fused_ops.rms_norm`, `kernel`)."""
+    or the declared formula in one kernel (`fused_ops.rms_norm`, `kernel`)."""
 
-    def __init__(self, eps: float, fast: bool, kernel: bool = False):
+    def __init__(self, eps: float, fast: bool, kernel: bool = False, formula: str = "llama"):
         self.eps, self.fast, self.kernel = eps, fast, kernel
+        self.fp32 = formula in FP32_NORMS
+        self.offset = FP32_NORMS.get(formula, 0.0)
 
     def __call__(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel and module.weight.dtype == x.dtype:
-            return fused_ops.rms_norm(x, module.weight, self.eps)
+        weight = getattr(module, "weight", None)  # a weightless norm (Gemma's value norm) runs as its module
+        if self.kernel and weight is not None and weight.dtype == x.dtype:
+            eps = getattr(module, "variance_epsilon", getattr(module, "eps", self.eps))
+            return fused_ops.rms_norm(x, weight, eps, self.fp32, self.offset)
         if not self.fast:
             return module(x)
         # HF: weight * (x.float() * rsqrt(mean(x^2) + eps)).to(dtype); rms_norm without a weight returns that
@@ -218,13 +226,16 @@ class StaticTarget:
         self.halves, self.axes, self.by_type = layout.rotary_halves, layout.rotary_axes, layout.rotary_by_layer_type
         self.gemv = gemv  # one-row o and down projections through `kernels.gemv` (split over K)
         # the fused kernels compute Llama's RMSNorm: other norm formulas run their modules
-        self.fused = fused_ops and layout.llama_norms  # norms, q/k rotary + K/V writes, SwiGLU through fused_ops.py
+        llama = layout.norms == "llama"
+        self.fused = fused_ops and llama  # q/k norm + rotary + K/V writes in one kernel (Llama's norm formula)
         self.decode_attend = DECODE_ATTENTION[decode_attention]  # T = 1 steps only
         self.block_attend = BLOCK_ATTENTION[block_attention]  # verify steps (T > 1)
         self.silu = mods.silu  # the kernels' fused SwiGLU
         self.swiglu = fused_ops and self.silu  # silu(gate) * up through `fused_ops.silu_mul`
         self.heads = text.num_attention_heads
-        self.norm = _Norms(mods.eps, fast_norm and layout.llama_norms, self.fused)
+        if layout.norms != "llama" and layout.norms not in FP32_NORMS:
+            raise ValueError(f"unknown norm formula {layout.norms!r} in the static layout")
+        self.norm = _Norms(mods.eps, fast_norm and llama, fused_ops, layout.norms)
         self.taps: dict[int, list[int]] = {}  # layer id -> tap slots (ids may repeat)
         for slot, lid in enumerate(tap_ids):
             self.taps.setdefault(lid, []).append(slot)
@@ -238,7 +249,7 @@ class StaticTarget:
         # the one-kernel rotary + K/V write: plain layers only (Llama-formula q/k norms per head, q/k/v)
         self.rope_kernel = [self.fused and o == PLAIN and m.v is not None for m, o in zip(self.layers, self.opts, strict=True)]
         # GDN layers: their own static states; projections split by the adapter (`gdn_project`)
-        self.gdn = [StaticGDN(m.gdn, m.gdn_parts, adapter.gdn_project) if m.gdn is not None else None
+        self.gdn = [StaticGDN(m.gdn, m.gdn_parts, adapter.gdn_project, fused_ops) if m.gdn is not None else None
                     for m in self.layers]  # fmt: skip
         # a sparse MoE block keeps its own forward (router, experts implementation, shared experts): None here
         self.gate_up = [FusedLinear([m.gate, m.up], fuse) if m.gate is not None else None for m in self.layers]
