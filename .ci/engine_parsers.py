@@ -6,15 +6,23 @@ run are its `vllm serve` argument parser, `validate_parsed_serve_args`, `EngineA
 speculative-config keys against `SpeculativeConfig`'s fields, and each named attention backend's own
 `validate_configuration` for an H100/H200 (compute capability 9.0) with the shapes of the golden configs in
 tests/fixtures/configs. SGLang runs `prepare_server_args` (argparse plus `ServerArgs.from_cli_args`).
-Supported pairs must be accepted; `EXPECTED_REFUSALS` must exit 3. Controls prove the checks can fail.
+Both engines' model classes for each target architecture are parsed (not imported) for the hook that feeds a
+DFlash drafter the target's hidden states (`CAPTURE`). Supported pairs must be accepted and have the hook;
+`EXPECTED_REFUSALS` must exit 3 and lack it (a refusal the engine has outgrown fails too). Controls prove the
+checks can fail.
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import importlib.util
+import io
 import json
 import os
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,6 +30,12 @@ FIXTURES = ROOT / "tests" / "fixtures" / "configs"
 EXPECTED_REFUSALS = {("minimax-m2.5", "sglang")}  # SGLang has no DFlash capture for minimax_m2
 UNKNOWN_BLOCK = {"minimax-m2.5"}  # the registry lacks the drafter's block size: give one
 CAPABILITY = (9, 0)
+# What an engine needs from the target's model class to feed a DFlash drafter the target's hidden states:
+# (package, models folder, base class or method that provides the capture)
+CAPTURE = {
+    "vllm": ("vllm", "model_executor/models", "SupportsEagle3"),  # aux hidden states (EAGLE-3 and DFlash)
+    "sglang": ("sglang", "srt/models", "set_dflash_layers_to_capture"),
+}
 
 
 def serve_json(slug: str, engine: str) -> tuple[int, dict | None, str]:
@@ -74,6 +88,57 @@ def backend_problems(name: str, shapes: list[dict]) -> list[str]:
     return out
 
 
+@cache
+def model_classes(engine: str) -> dict[str, list[tuple[list[str], set[str]]]]:
+    """class name -> [(base names, method names)] of every class in the engine's model files, parsed (never
+    imported: importing model code needs the engine's CUDA extensions)."""
+    package, folder, _ = CAPTURE[engine]
+    root = Path(importlib.util.find_spec(package).submodule_search_locations[0]) / folder
+    out: dict[str, list[tuple[list[str], set[str]]]] = {}
+    for path in sorted(root.glob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(b).rsplit(".", 1)[-1].split("[")[0] for b in node.bases]
+                methods = {
+                    n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                }
+                out.setdefault(node.name, []).append((bases, methods))
+    return out
+
+
+def captures_hidden_states(engine: str, architecture: str) -> bool | None:
+    """Whether the engine's class for `architecture` (or a base class) has the DFlash capture; None: no class.
+
+    Names match ignoring case and underscores (transformers' `Kimi_K25...` is the engines' `KimiK25...`).
+    """
+    classes, want = model_classes(engine), CAPTURE[engine][2]
+    key = architecture.replace("_", "").lower()
+    names = [n for n in classes if n.replace("_", "").lower() == key]
+
+    def has(name: str, seen: frozenset = frozenset()) -> bool:
+        if name == want:
+            return True
+        if name in seen:
+            return False
+        defs = classes.get(name, [])
+        return any(want in methods or any(has(b, seen | {name}) for b in bases) for bases, methods in defs)
+
+    return any(has(n) for n in names) if names else None
+
+
+def capture_problems(slug: str, engine: str, refused: bool) -> list[str]:
+    """A supported pair needs the capture in the target's model class; a refused one must lack it (else the
+    refusal is stale and should go)."""
+    arch = (fixture(slug, "target").get("architectures") or ["?"])[0]
+    found = captures_hidden_states(engine, arch)
+    if found is None:
+        return [f"{engine} has no model class for {arch}"]
+    if found == refused:
+        why = "has a DFlash capture: lift the refusal" if refused else "has no DFlash hidden-state capture"
+        return [f"{engine}'s {arch} {why} ({CAPTURE[engine][2]})"]
+    return []
+
+
 def check_vllm(slug: str, argv: list[str]) -> list[str]:
     from vllm.config.speculative import SpeculativeConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -99,10 +164,12 @@ def check_sglang(argv: list[str]) -> list[str]:
     from sglang.srt.server_args import prepare_server_args
 
     assert argv[1:3] == ["-m", "sglang.launch_server"], argv
+    err = io.StringIO()
     try:
-        args = prepare_server_args(argv[3:])
-    except SystemExit as exc:  # argparse rejected a flag
-        return [f"argparse exit {exc.code}"]
+        with contextlib.redirect_stderr(err):  # argparse prints its whole usage on a rejected flag
+            args = prepare_server_args(argv[3:])
+    except SystemExit as exc:
+        return [f"argparse exit {exc.code}: {err.getvalue().strip().splitlines()[-1:]}"]
     return [] if args.speculative_algorithm == "DFLASH" else [f"algorithm {args.speculative_algorithm}"]
 
 
@@ -114,27 +181,38 @@ def controls() -> list[str]:
     if not backend_problems("flash_attn", target_attention("gemma4-31b-it")):
         bad.append("control: flash_attn on Gemma 4's 512-wide heads was accepted")
     base = ["python", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen3.5-9B"]
-    for flag in (["--mamba-scheduler-strategy", "extra_buffer"], ["--speculative-dflash-draft-window-size", "8"]):
+    for flag in (
+        ["--mamba-scheduler-strategy", "extra_buffer"],
+        ["--speculative-dflash-draft-window-size", "8"],
+    ):
         if not check_sglang(base + flag):
             bad.append(f"control: SGLang accepted {flag[0]}")
     return bad
 
 
+def check_pair(slug: str, engine: str) -> list[str]:
+    """Problems of one `serve` command: the engine's capture for the target, then its parser or refusal."""
+    code, doc, err = serve_json(slug, engine)
+    refused = (slug, engine) in EXPECTED_REFUSALS
+    problems = capture_problems(slug, engine, refused)
+    if refused or code != 0:
+        problems += [] if refused and code == 3 else [f"exit {code}: {err}"]
+        shown = f"refused (exit {code}): {err[:120]}"
+    else:
+        problems += check_vllm(slug, doc["argv"]) if engine == "vllm" else check_sglang(doc["argv"])
+        shown = doc["command"][:150]
+    print(f"{'FAIL' if problems else 'ok  '} {slug:22} {engine:7} {shown}")
+    return [f"{slug} {engine}: {p}" for p in problems]
+
+
 def main() -> int:
-    slugs = subprocess.run(["dflash-zoo", "list", "-q"], capture_output=True, text=True, check=True).stdout.split()
+    slugs = subprocess.run(
+        ["dflash-zoo", "list", "-q"], capture_output=True, text=True, check=True
+    ).stdout.split()
     failures = controls()
     for slug in slugs:
         for engine in ("vllm", "sglang"):
-            code, doc, err = serve_json(slug, engine)
-            expect_refusal = (slug, engine) in EXPECTED_REFUSALS
-            if expect_refusal or code != 0:
-                ok = expect_refusal and code == 3
-                print(f"{'ok  ' if ok else 'FAIL'} {slug:22} {engine:7} refused (exit {code}): {err[:120]}")
-                failures += [] if ok else [f"{slug} {engine}: exit {code}: {err}"]
-                continue
-            problems = check_vllm(slug, doc["argv"]) if engine == "vllm" else check_sglang(doc["argv"])
-            print(f"{'FAIL' if problems else 'ok  '} {slug:22} {engine:7} {doc['command'][:150]}")
-            failures += [f"{slug} {engine}: {p}" for p in problems]
+            failures += check_pair(slug, engine)
     for line in failures:
         print("FAILED:", line, file=sys.stderr)
     print(f"{len(slugs) * 2} commands checked, {len(failures)} failure(s)")

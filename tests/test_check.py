@@ -255,6 +255,7 @@ def test_offline_check_of_every_supported_entry(slug):
     mask = [r for r in report.rows if r.check == "mask id"]
     want = "WARN" if entry.draft.mask_token_id is None else "PASS"
     assert [r.status for r in mask] == [want], mask
+    assert "layer_types" not in rows(report)  # the built config has the family's layer layout
     if want == "WARN":
         assert "vLLM needs" in mask[0].detail and "SGLang falls back" in mask[0].detail
         assert "fix:" in mask[0].detail
@@ -284,9 +285,76 @@ def test_vlm_registry_config_is_nested():
     assert registry_config(reg.resolve("qwen3-8b"))["hidden_size"] == 4096
 
 
+@pytest.mark.parametrize("slug", sorted(set(GOOD)))
+def test_registry_config_validates_like_the_golden_config(slug):
+    """The config `check` builds from the registry gets the same problems as the family's real config.json."""
+    from dflash_zoo.adapters.base import TargetAdapter
+
+    from dflash_zoo.engine.config import normalize_draft_config
+    from dflash_zoo.zoo.check_sources import registry_config
+    from dflash_zoo.zoo.registry import load_registry
+
+    golden = json.loads(fx(slug, "target").read_text())
+    built = registry_config(load_registry().resolve(slug))
+    assert built["model_type"] == golden["model_type"]
+    assert (built.get("text_config") or {}).get("model_type") == (golden.get("text_config") or {}).get(
+        "model_type"
+    )
+    cls = find_adapter(golden["model_type"]) or TargetAdapter
+    draft = normalize_draft_config(json.loads(fx(slug, "draft").read_text()))
+    problems = {(p.severity, p.code) for p in cls.validate(built, draft)}
+    assert problems == {(p.severity, p.code) for p in cls.validate(golden, draft)}
+
+
 def test_negative_mask_id_fails(tmp_path):
     draft = json.loads(fx("qwen3-8b", "draft").read_text())
     draft["dflash_config"]["mask_token_id"] = -1
     (tmp_path / "draft.json").write_text(json.dumps(draft))
     report = check_pair("qwen3-8b", config=fx("qwen3-8b", "target"), draft_config=tmp_path / "draft.json")
     assert rows(report)["mask id"] == ["FAIL"] and not report.compatible
+
+
+def test_unreachable_hub_fails_fast_or_falls_back(tmp_path, monkeypatch):
+    """No Hub reachable (a closed loopback port): a registered pair falls back to the registry fingerprint
+    with a WARN; an unknown repo is one error line plus a hint; neither waits on retries nor prints their
+    noise."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed once the block ends: connections are refused
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    cmd = [sys.executable, "-m", "dflash_zoo", "check", "--target"]
+    start = time.monotonic()
+    ok = subprocess.run([*cmd, "Qwen/Qwen3-8B", "--json"], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run([*cmd, "some-org/unknown"], capture_output=True, text=True, timeout=120)
+    assert time.monotonic() - start < 20  # two runs, each at most an interpreter start and one refused call
+    assert ok.returncode == 0, ok.stderr
+    report = json.loads(ok.stdout)
+    assert report["draft_source"] == "registry qwen3-8b (draft fingerprint)"
+    assert any(r["status"] == "WARN" and "could not reach" in r["detail"] for r in report["rows"])
+    assert bad.returncode == 1 and bad.stdout == ""
+    lines = bad.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("error: ") and lines[1].startswith("hint: "), bad.stderr
+    assert "retry" not in ok.stderr.lower() + lines[0].lower()
+
+
+def test_pinned_target_commit_and_registry_id_use_the_cache():
+    """A registry id reads its target's cached config, the commit `pull --with-target` pinned before main;
+    a draft pin recorded for another repo (the entry changed) is not used."""
+    target = json.loads(fx("qwen3-8b", "target").read_text())
+    cache_repo("Qwen/Qwen3-8B", target, commit="a" * 40)  # main
+    cache_repo("Qwen/Qwen3-8B", target | {"num_hidden_layers": 36}, commit="b" * 40, ref=None)  # the pin
+    write_lock("qwen3-8b", "z-lab/Qwen3-8B-DFlash-b16", "main", SHA,
+               target_repo="Qwen/Qwen3-8B", target_commit="b" * 40)  # fmt: skip
+    report = check_pair("qwen3-8b", offline=True)
+    assert report.target_source == f"hf cache Qwen/Qwen3-8B@{'b' * 40}"
+    write_lock("qwen3-8b", "someone/old-drafter", "main", SHA)
+    assert check_pair("qwen3-8b", offline=True).draft_source == "registry qwen3-8b (draft fingerprint)"
+    cache_repo("z-lab/Qwen3-8B-DFlash-b16", json.loads(fx("qwen3-8b", "draft").read_text()), ref=None)
+    stale = check_pair("qwen3-8b", offline=True)  # only the commit of the other repo's pin is cached
+    assert stale.draft_source == "registry qwen3-8b (draft fingerprint)"

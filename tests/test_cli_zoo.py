@@ -228,7 +228,9 @@ assert not heavy, heavy[:5]
 """
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["list"], ["info", "qwen3-8b"], ["check", "--target", "DIR"]])
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["list"], ["info", "qwen3-8b"], ["info", "demo"], ["check", "--target", "DIR"]]
+)
 def test_commands_do_not_import_torch_or_transformers(tmp_path, argv):
     target = tmp_path / "target"
     target.mkdir()
@@ -288,3 +290,31 @@ def test_help_mentions_only_options_the_command_has():
         for flag in ("--offline", "--revision", "--json"):
             if re.search(rf"(?<![\w-]){flag}(?![\w-])", text) and flag not in opts:
                 raise AssertionError(f"`{' '.join(path)} --help` mentions {flag}, which it does not have")
+
+
+def test_info_demo_prints_the_demo_folders():
+    """`info demo`: the embedded pair's folders on stdout (what `train --target` takes), also as JSON."""
+    from dflash_zoo import demo
+
+    result = run("info", "demo")
+    assert result.exit_code == 0, result.output
+    want = demo.report()
+    assert result.stdout.split() == ["target", str(want["demo_target"]), "draft", str(want["demo_draft"])]
+    assert "train --target" in result.stderr
+    data = json.loads(run("info", "Demo", "--json").stdout)
+    assert data == {"slug": "demo", "target": want["demo_target"], "draft": want["demo_draft"]}
+
+
+def test_info_separates_target_and_drafter_licence_gate_and_shape_source():
+    out = " ".join(run("info", "qwen3.6-27b").stdout.split())
+    assert "gated yes, the drafter" in out and "when last checked is not recorded" in out
+    assert (
+        "license apache-2.0 (target)" in out and "draft license unknown: see the drafter's model card" in out
+    )
+    assert "draft license mit" in " ".join(run("info", "qwen3-coder-next").stdout.split())
+    assert "shape from MiniMaxAI/MiniMax-M2" in " ".join(run("info", "minimax-m2.5").stdout.split())
+    data = json.loads(run("info", "qwen3-coder-next", "--json").stdout)
+    assert (
+        data["draft_license"] == data["requires"]["draft_license"] == "mit"
+        and data["license"] == "apache-2.0"
+    )

@@ -313,6 +313,16 @@ def test_big_targets_carry_tensor_parallel_hints(registry):
     assert registry.resolve("qwen3.5-9b").mask_token_ids_seen == {"older upload (5 layers)": 248070}
 
 
+def test_draft_licence_is_the_drafter_cards_and_sourced(registry):
+    """`draft.license` is the drafter repo's own (null: not read yet), never copied from the target's, and each
+    known one has its public source in docs/families.md."""
+    docs = (Path(__file__).parents[1] / "docs" / "families.md").read_text()
+    known = {e.slug: e.draft_license for e in registry if e.draft_license is not None}
+    assert known == {"qwen3-coder-next": "mit"}
+    for slug in known:
+        assert registry.resolve(slug).draft_repo in docs
+
+
 @pytest.mark.parametrize(
     "field,value,message",
     [

@@ -61,7 +61,9 @@ def test_every_entry_and_engine(slug, engine):
         assert argv[argv.index("--speculative-num-draft-tokens") + 1] == str(block)
         assert argv[argv.index("--speculative-algorithm") + 1] == "DFLASH"
         assert doc["env"] == {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
-        assert "--mamba-scheduler-strategy" not in argv and "--speculative-dflash-draft-window-size" not in argv
+        assert (
+            "--mamba-scheduler-strategy" not in argv and "--speculative-dflash-draft-window-size" not in argv
+        )
     assert ("--trust-remote-code" in argv) == (entry.adapter == "kimi_k25")
     assert doc["tensor_parallel"] == entry.tp_hint
     assert ("--revision" in argv) is False  # nothing pinned: every revision is main
@@ -124,7 +126,9 @@ def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     [("sglang", "0.5.10", 3), ("sglang", "0.5.11", 0), ("vllm", "0.20.0", 3), ("vllm", "0.33.0", 0)],
 )
 def test_installed_engine_version(tmp_path, dist, version, code):
-    run = run_cli(fake_engine(tmp_path, dist, version), "serve", "qwen3-8b", "--engine", dist, "--dry-run", "--json")
+    run = run_cli(
+        fake_engine(tmp_path, dist, version), "serve", "qwen3-8b", "--engine", dist, "--dry-run", "--json"
+    )
     assert run.returncode == code, run.stderr
     if code == 3:
         assert f"{dist} {version} is installed" in run.stderr and "pip install -U" in run.stderr
@@ -146,3 +150,32 @@ def test_recipes_are_data():
     assert sv.recipe_for("kimi_k25", "vllm").target_backend is None  # never force a backend onto MLA
     assert sv.recipe_for("unknown_family", "sglang") == sv.recipe_for("qwen3", "sglang")
     assert sv.version_tuple("0.5.11.post1") == (0, 5, 11) and sv.version_tuple("0.21.0rc1") == (0, 21, 0)
+
+
+def cache_draft_config(tmp_path: Path, repo: str, config: dict) -> None:
+    """`config.json` of `repo` in the HF cache at main, laid out as the hub client does."""
+    root = tmp_path / "hf" / "hub" / ("models--" + repo.replace("/", "--"))
+    (root / "snapshots" / SHA_D).mkdir(parents=True)
+    (root / "snapshots" / SHA_D / "config.json").write_text(json.dumps(config))
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(SHA_D)
+
+
+def test_vllm_needs_a_mask_id_in_the_drafter_config(tmp_path):
+    """Registry mask id unknown: vLLM stops on a drafter config without one, so `serve` refuses (exit 3) once
+    the cached config shows it missing, and only hints while the config is not cached (SGLang: unaffected)."""
+    slug, repo = "llama3.1-8b-instruct", "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat"
+    code, _, err = serve(slug, "vllm")
+    assert code == 0 and "mask id" in err and f"dflash-zoo pull {slug}" in err
+    draft = json.loads((ROOT / "tests" / "fixtures" / "configs" / slug / "draft.json").read_text())
+    cache_draft_config(tmp_path, repo, draft)  # the published early config: no mask id
+    code, out, err = serve(slug, "vllm")
+    assert code == 3 and out == "" and "mask_token_id" in err and "--engine sglang" in err
+    assert serve(slug, "sglang")[0] == 0
+    gemma = load_registry().resolve("gemma4-26b-a4b-it")
+    config = json.loads(
+        (ROOT / "tests" / "fixtures" / "configs" / "gemma4-31b-it" / "draft.json").read_text()
+    )
+    cache_draft_config(tmp_path, gemma.draft_repo, config)  # a config with a mask id: served, no hint
+    code, _, err = serve(gemma.slug, "vllm")
+    assert code == 0 and "mask id" not in err

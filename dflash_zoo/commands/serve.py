@@ -11,7 +11,7 @@ import sys
 import click
 
 from dflash_zoo.commands.hubcmds import HUB_ENV, Ref, resolve
-from dflash_zoo.errors import UnsupportedModelError, ZooError
+from dflash_zoo.errors import IncompatiblePairError, UnsupportedModelError, ZooError
 from dflash_zoo.output import emit_json, hint, info
 from dflash_zoo.zoo import hub
 
@@ -25,7 +25,9 @@ _SERVE_ENV = """
 @click.option("--engine", type=click.Choice(["vllm", "sglang"]), required=True, help="Serving engine.")
 @click.option("--target", default=None, help="Target model (required for a plain draft repo id).")
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="Port for the engine's server.")
-@click.option("--tp", type=click.IntRange(1, 64), default=None, help="Tensor-parallel size (default: computed).")
+@click.option(
+    "--tp", type=click.IntRange(1, 64), default=None, help="Tensor-parallel size (default: computed)."
+)
 @click.option("--block-size", type=click.IntRange(2, 64), default=None, help="Drafter block size override.")
 @click.option("--dry-run", is_flag=True, help="Print the launch command; do not run it.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: print argv and env as JSON.")
@@ -52,7 +54,9 @@ def serve(model_id, engine, target, port, tp, block_size, dry_run, as_json, extr
     if dry_run:
         if as_json:
             doc = {"engine": engine, "argv": argv, "env": extra_env, "command": shlex.join(argv)}
-            doc.update(entry=name, tensor_parallel=spec.tensor_parallel, min_engine_version=spec.recipe.min_version)
+            doc.update(
+                entry=name, tensor_parallel=spec.tensor_parallel, min_engine_version=spec.recipe.min_version
+            )
             doc["engine_installed"] = installed
             return emit_json(doc)
         prefix = " ".join(f"{k}={v}" for k, v in extra_env.items())
@@ -88,11 +92,42 @@ def _serve_spec(ref: Ref, engine: str, target, port, tp, block_size, extra: tupl
     # the pinned target commit only applies to the registered target, not a --target override
     target_rev = None if target else (pins.target or entry.target_revision)
     block = block_size or entry.draft.block_size or _entry_block_size(entry, draft_rev)
+    if engine == "vllm" and entry.draft.mask_token_id is None:
+        _vllm_mask_id(entry, draft_rev)
     size = tp or sv.tensor_parallel_size(entry.target_bf16_bytes, visible_gpu_bytes(), entry.tp_hint)
     spec = sv.ServeSpec(
         target or entry.target_repo, entry.draft_repo, block, draft_rev, port, extra, target_rev, recipe, size
     )
     return spec, entry.slug
+
+
+def _vllm_mask_id(entry, revision: str) -> None:
+    """vLLM reads the mask id from the drafter's config.json and stops without one; SGLang falls back to the
+    tokenizer's <|MASK|> token. The registry does not know this drafter's: read the cached config (no
+    network).
+
+    Raises:
+        IncompatiblePairError: the cached config.json has no mask id (exit 3).
+    """
+    from dflash_zoo.engine.config import load_draft_config
+
+    try:
+        mask = load_draft_config(
+            hub.snapshot(entry.draft_repo, revision, ["config.json"], offline=True)
+        ).mask_token_id
+    except ZooError:
+        return hint(
+            f"the registry does not know {entry.slug}'s mask id and its config.json is not cached: vLLM "
+            f"stops if the drafter's config.json has none (`dflash-zoo pull {entry.slug}`, then serve again "
+            "to know)"
+        )
+    if mask is None:
+        raise IncompatiblePairError(
+            f"vllm cannot serve {entry.slug}: its drafter's config.json has no mask_token_id, which vLLM "
+            "requires",
+            hint="use --engine sglang (it falls back to the tokenizer's <|MASK|> token); vLLM needs a "
+            "drafter whose config.json has dflash_config.mask_token_id",
+        )
 
 
 def _entry_block_size(entry, revision: str) -> int:

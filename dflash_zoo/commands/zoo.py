@@ -137,6 +137,7 @@ Examples:
   dflash-zoo info qwen3-8b
   dflash-zoo show meta-llama/Llama-3.1-8B-Instruct
   dflash-zoo info gpt-oss:20b --json
+  dflash-zoo info demo                 # the embedded demo pair's folders (train --target DIR)
 """
     + _ENV_COMMON,
 )
@@ -145,12 +146,15 @@ Examples:
 def info(name: str, as_json: bool) -> None:
     """Details of one registry entry: target, draft, compatibility, requirements, cache paths (alias: show).
 
-    NAME is an id, an alias, or an exact target, draft or variant repo id.
+    NAME is an id, an alias, or an exact target, draft or variant repo id; `demo` is the embedded demo pair.
     """
     from dflash_zoo.adapters import find_adapter
     from dflash_zoo.zoo.hub import hub_cache_dir, repo_cache_dir
 
-    entry = load_registry().resolve(name)
+    registry = load_registry()
+    if name.strip().lower() == "demo" and registry.lookup(name) is None:
+        return _info_demo(as_json)
+    entry = registry.resolve(name)
     cls = find_adapter(entry.adapter)
     data = _entry_json(entry, read_lock())
     data["adapter_found"] = cls is not None
@@ -160,6 +164,7 @@ def info(name: str, as_json: bool) -> None:
         "transformers_installed": _transformers_version(),
         "gated": entry.gated,
         "license": entry.license,
+        "draft_license": entry.draft_license,
     }
     data["cache"] = {
         "hub_cache": str(hub_cache_dir()),
@@ -171,6 +176,29 @@ def info(name: str, as_json: bool) -> None:
         output.emit_json(data)
     else:
         _print_info(entry, data)
+
+
+def _gated(e: Entry) -> str:
+    """Which repo of the pair is gated, and when that was last seen (gates change)."""
+    if not e.gated:
+        return "no"
+    which = (
+        "the drafter" if e.draft_gated else "the target" if e.draft_gated is False else "target or drafter"
+    )
+    seen = f"; seen {e.gated_seen}" if e.gated_seen else "; when last checked is not recorded"
+    return f"yes, {which} (needs HF_TOKEN and an accepted license{seen})"
+
+
+def _info_demo(as_json: bool) -> None:
+    """The embedded demo pair's folders (`train --target DIR`, `eval --target DIR`); `dflash-zoo env` too."""
+    from dflash_zoo import demo
+
+    dirs = {"target": demo.report()["demo_target"], "draft": demo.report()["demo_draft"]}
+    if as_json:
+        return output.emit_json({"slug": "demo", **dirs})
+    for side, path in dirs.items():
+        click.echo(f"{side}  {path or 'not in this install'}")
+    output.hint(f"dflash-zoo train --target {dirs['target']} --data FILE.jsonl --out DIR")
 
 
 def _print_info(e: Entry, data: dict[str, Any]) -> None:
@@ -189,6 +217,7 @@ def _print_info(e: Entry, data: dict[str, Any]) -> None:
         "Target": [("repo", e.target_repo), ("revision", getattr(e, "target_revision", None) or "main"),
                    ("pinned commit", target_pin), ("model_type", t.model_type), ("hidden size", t.hidden_size),
                    ("layers", t.num_hidden_layers), ("vocab", t.vocab_size),
+                   ("shape from", e.shape_from or "its own config.json"),
                    ("variants", ", ".join(e.variants) or "-")],
         "Draft": [("repo", e.draft_repo), ("revision", e.draft_revision),
                   ("pinned commit", draft_pin), ("block size", _unknown(d.block_size)),
@@ -197,8 +226,8 @@ def _print_info(e: Entry, data: dict[str, Any]) -> None:
         "Compatibility": [("status", e.status + (f" ({e.reason})" if e.reason else "")), ("adapter", adapter),
                           ("chat template", kwargs), ("thinking", e.thinking), ("notes", e.notes or "-")],
         "Requires": [("transformers", f"{tf}, installed {req['transformers_installed'] or 'none'}"),
-                     ("gated", "yes (needs HF_TOKEN and an accepted license)" if e.gated else "no"),
-                     ("license", e.license)],
+                     ("gated", _gated(e)), ("license", f"{e.license} (target)"),
+                     ("draft license", e.draft_license or "unknown: see the drafter's model card")],
         "Cache paths": [("hf cache", cache["hub_cache"]), ("draft", cache["draft"]),
                         ("installed", "yes" if data["installed"] else "no"), ("target", cache["target"]),
                         ("lock file", cache["lock_file"])],

@@ -29,7 +29,7 @@ from dflash_zoo.zoo.registry import (
     Registry,
     TargetFingerprint,
     load_registry,
-    read_lock,
+    read_pins,
 )
 from dflash_zoo.zoo.serve import version_tuple
 
@@ -188,7 +188,7 @@ def _pin_rows(e: Entry, d: DraftConfig) -> list[CheckRow]:
         for k, v in want.items()
         if v is not None and _plain(v) != _plain(got[k])
     ]
-    locked = read_lock().get(e.slug, {}).get("commit")
+    locked = read_pins(e).draft
     rows = []
     if diff:
         detail = (

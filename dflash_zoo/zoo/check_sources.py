@@ -1,8 +1,9 @@
 """Where `check` gets its configs from: local files, the HF cache, the registry, then the Hub (torch-free).
 
 Target, first found: `config=` file; `target` is a local dir (or a .json file); the repo's `config.json` in
-the HF cache; the registry's target fingerprint (target resolved by slug, alias, repo id or variant; no
-download); the Hub (`config.json` only, never when offline).
+the HF cache (a registry id means its target repo; the commit `pull --with-target` pinned first, then main);
+the registry's target fingerprint (target resolved by slug, alias, repo id or variant; no download); the Hub
+(`config.json` only, never when offline).
 Draft, first found: `draft_config=` file; `draft` is a local dir; the draft repo's `config.json` in the HF
 cache (locked commit from lock.json, else the entry's revision); the Hub at that revision (unless offline);
 the registry's draft fingerprint, with a note saying the config itself was not seen.
@@ -22,7 +23,7 @@ from dflash_zoo.adapters import find_adapter
 from dflash_zoo.adapters.base import TargetAdapter
 from dflash_zoo.engine.config import FULL, DraftConfig, RopeSpec, normalize_draft_config
 from dflash_zoo.errors import ConfigError, InvalidArgumentError, NotFoundError, OfflineError, ZooError
-from dflash_zoo.zoo.registry import Entry, Registry, TargetFingerprint, read_lock
+from dflash_zoo.zoo.registry import Entry, Registry, TargetFingerprint, read_pins
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -68,10 +69,14 @@ def _target_config(
     local = _local_config(name)
     if local is not None:
         return _read_json(local), f"local {local}"
-    if REPO_ID.match(name):
-        cached = _cached_config(name, None)
-        if cached is not None:
-            return _read_json(cached), f"hf cache {name}"
+    repo = name if REPO_ID.match(name) else (entry.target_repo if entry is not None else None)
+    if repo is not None:
+        own = entry is not None and entry.target_repo.lower() == repo.lower()
+        pinned = read_pins(entry).target if own else None
+        for rev in dict.fromkeys((pinned, None)):  # the commit `pull --with-target` recorded, then main
+            cached = _cached_config(repo, rev)
+            if cached is not None:
+                return _read_json(cached), f"hf cache {repo}" + (f"@{rev}" if rev else "")
     if entry is not None:
         return registry_config(entry), f"registry {entry.slug} (target fingerprint)"
     if not REPO_ID.match(name):
@@ -112,7 +117,7 @@ def resolve_draft(
 
 def _remote_draft(side: Side, repo: str, offline: bool, L: int) -> tuple[Side, DraftConfig, list[str]]:
     entry, notes = side.entry, []
-    locked = read_lock().get(entry.slug, {}).get("commit") if entry else None
+    locked = read_pins(entry).draft if entry else None
     revision = entry.draft_revision if entry else "main"
     for rev in dict.fromkeys(r for r in (locked, revision) if r):
         cached = _cached_config(repo, rev)
@@ -203,18 +208,40 @@ def fingerprint(cfg: dict, cls: type[TargetAdapter]) -> TargetFingerprint:
     return TargetFingerprint(str(cfg["model_type"]), **values)
 
 
+# Family shape facts a registry-built config carries besides the fingerprint, as the Hub config.json of every
+# published target of the family has them (docs/families.md): the decoder's own model_type under a VLM
+# wrapper's `text_config`, the 3 Gated-DeltaNet : 1 full-attention layout of the hybrid families (`gdn_every`)
+# and Gemma 4's logit soft-cap.
+_FAMILY_SHAPE: dict[str, dict[str, Any]] = {
+    "qwen3_next": {"gdn_every": 4},
+    "qwen3_5": {"model_type": "qwen3_5_text", "gdn_every": 4},
+    "qwen3_5_moe": {"model_type": "qwen3_5_moe_text", "gdn_every": 4},
+    "gemma4": {"model_type": "gemma4_text", "final_logit_softcapping": 30.0},
+    "kimi_k25": {"model_type": "deepseek_v3"},
+}
+
+
 def registry_config(entry: Entry) -> dict[str, Any]:
     """A config dict of the family's real shape from the registry's target fingerprint.
 
     VLM wrappers (the adapter's decoder lives under `language_model`) nest the text shapes in `text_config`,
-    as their Hub config.json does, so family validators that require a `text_config` accept it.
+    as their Hub config.json does, so family validators that require a `text_config` accept it; the family's
+    other shape facts (`_FAMILY_SHAPE`) go where the real config has them.
     """
     t = entry.target
-    shapes = {k: v for k, v in asdict(t).items() if k != "model_type"}
+    text: dict[str, Any] = {k: v for k, v in asdict(t).items() if k != "model_type"}
+    family = dict(_FAMILY_SHAPE.get(t.model_type, {}))
+    every = family.pop("gdn_every", None)
+    if every:
+        text["layer_types"] = [
+            "full_attention" if i % every == every - 1 else "linear_attention"
+            for i in range(t.num_hidden_layers)
+        ]
     cls = find_adapter(t.model_type)
     if cls is not None and "language_model" in cls.layers_path:
-        return {"model_type": t.model_type, "text_config": shapes}
-    return {"model_type": t.model_type, **shapes}
+        return {"model_type": t.model_type, "text_config": family | text}
+    family.pop("model_type", None)
+    return {"model_type": t.model_type, **family, **text}
 
 
 def _by_fingerprint(reg: Registry, fp: TargetFingerprint) -> tuple[Entry | None, str | None]:
