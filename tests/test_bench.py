@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from fractions import Fraction
 
 import pytest
@@ -102,10 +103,15 @@ def test_bench_cli_writes_the_record(tmp_path, monkeypatch):
         "fast",
         "--json",
     ]
-    result = CliRunner().invoke(cli, args)
+    old = os.umask(0o022)
+    try:
+        result = CliRunner().invoke(cli, args)
+    finally:
+        os.umask(old)
     assert result.exit_code == 0, result.output
     files = list((tmp_path / "bench").glob("*.json"))
     assert len(files) == 1
+    assert files[0].stat().st_mode & 0o777 == 0o644  # as readable as any file under the umask, not private
     rec = json.loads(files[0].read_text())
     assert rec["kind"] == "measurement" and list(rec["results"]) == ["fast"]
     assert rec["options"]["compile"] is False and rec["options"]["graphs"] is False

@@ -60,6 +60,16 @@ def test_bad_set_is_refused_and_the_session_goes_on(pair):
     assert "temperature 0.0  top_p 1.0  top_k 0  max_new_tokens 6  block_size 8 (the drafter's)" in err
 
 
+def test_non_finite_temperature_and_unknown_think_values_are_refused(pair):
+    res = chat(pair, "/set temperature nan\n/set temperature inf\n/set think maybe\n/set think on\n/set\n/bye\n")
+    assert res.exit_code == 0, res.output
+    err = res.stderr
+    assert "temperature must be a finite number >= 0, got nan; temperature stays 0.0" in err
+    assert "temperature must be a finite number >= 0, got inf; temperature stays 0.0" in err
+    assert "think needs on or off, got 'maybe'" in err and "think = on" in err
+    assert "temperature 0.0  top_p 1.0" in err and err.rstrip().endswith("think on")
+
+
 def test_set_alone_shows_the_settings_and_good_values_apply(pair):
     res = chat(pair, "/set\n/set block_size 4\n/set max_new_tokens 3\n/set temperature 0.5\n/set\nhi\n/bye\n")
     assert res.exit_code == 0, res.output

@@ -65,6 +65,26 @@ def test_unknown_device_is_a_usage_error(pair):
     assert_one_line(err, "unknown device 'nonsense'", "cuda:N")
 
 
+@pytest.mark.parametrize("command", ["train", "eval", "bench"])
+@pytest.mark.parametrize("device", ["nonsense", "cuda"])
+def test_every_model_command_checks_the_device_before_loading(tmp_path, command, device):
+    """The target does not exist: the device error must come first (before any model or data work)."""
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: --device cuda is valid")
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "hello"}\n')
+    ghost = str(tmp_path / "no-model")
+    args = {"train": ["--target", ghost, "--data", str(data), "--out", str(tmp_path / "out")],
+            "eval": ["-t", ghost, "-d", ghost, "--data", str(data)],
+            "bench": ["-t", ghost, "-d", ghost]}[command]  # fmt: skip
+    code, out, err = invoke(command, *args, "--device", device)
+    assert code == (2 if device == "nonsense" else 1) and out == ""
+    assert_one_line(err, f"'{device}'", "--device")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]
+
+
 def test_empty_raw_prompt():
     code, _, err = invoke("generate", "", "--raw", "--device", "cpu")
     assert code == 2
@@ -126,6 +146,14 @@ def test_missing_paths_read_the_same_for_target_and_drafter(pair, flag):
         assert_one_line(err, "no such directory: /nonexistent/path")
 
 
+@pytest.mark.parametrize("flag", ["-t", "-d"])
+def test_bench_reports_a_missing_path_before_building(pair, flag):
+    other = ["-d", str(pair[1])] if flag == "-t" else ["-t", str(pair[0])]
+    code, _, err = invoke("bench", flag, "/nonexistent/path", *other, "--device", "cpu")
+    assert code == 1
+    assert_one_line(err, "no such directory: /nonexistent/path")  # and no "building ..." line first
+
+
 def test_chat_with_a_missing_path():
     code, _, err = invoke("chat", "./no-such-model")
     assert code == 1
@@ -137,6 +165,8 @@ def test_chat_with_a_missing_path():
     [
         (["generate"], "Missing argument 'PROMPT'", "dflash-zoo generate --help"),
         (["generate", "x", "-n", "0"], "Invalid value for '--max-new-tokens'", "dflash-zoo generate --help"),
+        (["generate", "x", "--temperature", "nan"], "'nan' is not a finite number", "dflash-zoo generate --help"),
+        (["eval", "--data", "x", "--temperature", "inf"], "'inf' is not a finite number", "dflash-zoo eval --help"),
         (["generate", "x", "--bogus"], "No such option '--bogus'", "dflash-zoo generate --help"),
         (["generat", "x"], "No such command 'generat'", "dflash-zoo --help"),
     ],

@@ -175,3 +175,13 @@ def test_chat_keeps_the_conversation(pair_dirs):
     assert [m["role"] for m in session.messages] == ["user", "assistant", "user", "assistant"]
     session.command("/clear")
     assert session.messages == []
+
+
+@pytest.mark.parametrize("temperature", [float("nan"), float("inf")])
+def test_api_refuses_a_non_finite_temperature(pair_dirs, temperature):
+    from dflash_zoo.api import load
+    from dflash_zoo.errors import InvalidArgumentError
+
+    pipe = load(str(pair_dirs[0]), str(pair_dirs[1]), device="cpu")
+    with pytest.raises(InvalidArgumentError, match="temperature must be a finite number"):
+        pipe.generate("x", raw=True, max_new_tokens=2, temperature=temperature)

@@ -89,6 +89,20 @@ def test_overwrite_replaces_a_foreign_directory(capsys, tmp_path, target, data):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "data.jsonl"]
 
 
+@pytest.mark.parametrize("holds", ["--data", "--target"])
+def test_overwrite_never_replaces_a_directory_holding_the_runs_inputs(capsys, tmp_path, target, data, holds):
+    out = tmp_path / "d"
+    out.mkdir()
+    if holds == "--data":
+        data = shutil.copy(data, out / "data.jsonl")
+    else:
+        target = shutil.copytree(target, out / "target")
+    code, _, err = train(capsys, target, data, out, "--overwrite")
+    assert code == 2 and f"refusing to replace {out}: it holds the {holds} input" in " ".join(err.split()), err
+    assert Path(data).is_file() and (Path(target) / "config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "data.jsonl"]
+
+
 def test_current_directory_is_never_replaced(capsys, tmp_path, target, data, monkeypatch):
     (tmp_path / "precious.txt").write_text("x")
     monkeypatch.chdir(tmp_path)
@@ -118,9 +132,8 @@ def test_leftovers_of_an_interrupted_swap_are_recovered_and_named(capsys, tmp_pa
     half.mkdir()
     (half / "config.json").write_text("{")
     (half / ".tmpAb12Cd").write_bytes(b"half")  # safetensors' own temporary file, killed before its rename
-    legacy = tmp_path / ".d.x1y2z3w4"  # the mkdtemp name of earlier versions
-    legacy.mkdir()
-    (legacy / "model.safetensors").write_bytes(b"")
+    legacy = tmp_path / ".d.previous"  # early versions' mkdtemp name, or a user's hidden copy: never removed
+    shutil.copytree(out.parent / ".d.old-0a1b2c3d", legacy)
     foreign = tmp_path / ".d.tmp-99999999"  # the same pattern, but a user's file inside: left alone
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
@@ -128,8 +141,10 @@ def test_leftovers_of_an_interrupted_swap_are_recovered_and_named(capsys, tmp_pa
     assert code == 0, err
     err = " ".join(err.split())
     assert "restored" in err and ".d.old-0a1b2c3d" in err
-    assert f"removed {half}" in err and f"removed {legacy}" in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".d.tmp-99999999", "d", "data.jsonl"]
+    assert f"removed {half}" in err and f"{legacy} may be left by an early dflash-zoo version" in err
+    assert f"removed {legacy}" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".d.previous", ".d.tmp-99999999", "d", "data.jsonl"]
+    load_drafter(legacy)
     assert (foreign / "notes.txt").read_text() == "mine"
     load_drafter(out)
 
@@ -240,6 +255,19 @@ def test_damaged_trainer_state_is_named(capsys, tmp_path, target, data, damage):
     code, _, err = train(capsys, target, data, out, "--resume")
     assert code == 1, err  # not 130 ("interrupted")
     assert f"cannot read trainer state {state}" in " ".join(err.split())
+
+
+@pytest.mark.parametrize("damage", ["header", "data"])
+def test_damaged_checkpoint_weights_are_named_before_the_target_loads(capsys, tmp_path, target, data, damage):
+    out = tmp_path / "d"
+    assert train(capsys, target, data, out, "--keep-checkpoints")[0] == 0
+    weights = tmp_path / "d-checkpoint" / "step-00000001" / "model.safetensors"
+    raw = weights.read_bytes()
+    weights.write_bytes(raw[:100] if damage == "header" else raw[:-100])
+    code, _, err = train(capsys, tmp_path / "no-target", data, out, "--resume")  # never reached
+    assert code == 1, err
+    err = " ".join(err.split())
+    assert f"cannot read checkpoint weights {weights}" in err and f"remove {weights.parent}" in err
 
 
 def test_resume_skips_incomplete_checkpoints_and_names_them(capsys, tmp_path, target, data):

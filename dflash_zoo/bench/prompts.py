@@ -95,6 +95,42 @@ def token_ids(
     return [prompt_ids(r, tokenizer, raw, chat, prompt_tokens) for r in ps.records]
 
 
+def refuse_long_prompts(lengths: list[int], names: list[str], positions: int | None, hint: str) -> None:
+    """Refuse, naming it, the first prompt the target cannot hold (`positions`: max_position_embeddings)."""
+    from dflash_zoo.errors import InvalidArgumentError
+
+    for n, name in zip(lengths, names, strict=True):
+        if positions is not None and n >= positions:
+            raise InvalidArgumentError(
+                f"{name}: the prompt is {n:,} tokens; the target holds {positions:,} positions", hint=hint
+            )
+
+
+def past_positions(longest: int, new_tokens: int, positions: int | None) -> str | None:
+    """A warning when the longest prompt plus `new_tokens` runs past the target's positions, else None."""
+    if positions is None or longest + new_tokens <= positions:
+        return None
+    return (
+        f"warning: the longest prompt ({longest:,} tokens) plus {new_tokens:,} new tokens runs past the "
+        f"target's {positions:,} positions, where its output is not to be trusted; "
+        f"--max-new-tokens {positions - longest} stays inside them"
+    )
+
+
+def check_positions(
+    prompt: list[int], prompts: list[list[int]], ps: PromptSet | None, new_tokens: int, positions: int | None
+) -> str | None:
+    """Refuse a prompt of the bench (one fixed `prompt`, or `prompts` read from `ps`) the target cannot hold;
+    a warning when the longest plus `new_tokens` runs past its positions (None when all fit)."""
+    if ps is None:
+        refuse_long_prompts([len(prompt)], ["the fixed bench prompt"], positions, "lower --prompt-tokens")
+    else:
+        names = [f"{ps.name}:{r.line}" for r in ps.records]
+        hint = "shorten or drop that line (text lines use their first --prompt-tokens tokens)"
+        refuse_long_prompts([len(p) for p in prompts], names, positions, hint)
+    return past_positions(len(prompt), new_tokens, positions)
+
+
 @dataclass(frozen=True)
 class SetResult:
     """One repeat over a prompt set, with the fields of `GenerationResult` that `bench` reads."""

@@ -3,6 +3,8 @@
 The record's location is checked before anything is measured, and the results are printed before the record
 is written, so a bad `DFLASH_ZOO_HOME` or `--out` costs no measurement. The embedded demo pair is measured on
 its held-out standard-library files (`bench/prompts.py`); `--prompts FILE.jsonl` gives any pair a prompt set.
+
+A little over the ~300 lines we aim for: the command's many options, its early checks and its table.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from dflash_zoo.commands.run import devices_option, top_k_option, top_p_option
+from dflash_zoo.commands.run import Temperature, devices_option, top_k_option, top_p_option
 from dflash_zoo.errors import ZooError
 from dflash_zoo.output import emit_json, human_size, info, print_table, table
 
@@ -101,7 +103,7 @@ FIXED_PROMPT_TOKENS, FIXED_NEW_TOKENS = 512, 512  # one fixed prompt (or a rando
 )
 @click.option(
     "--temperature",
-    type=click.FloatRange(min=0),
+    type=Temperature(),
     default=0.0,
     show_default=True,
     help="0 = greedy; > 0 measures speculative sampling (seeded by --seed).",
@@ -135,6 +137,7 @@ def bench(
     from dflash_zoo.api import parse_dtype, resolve_devices
     from dflash_zoo.bench import meta as benchmeta
     from dflash_zoo.bench import runner as B
+    from dflash_zoo.commands.run import check_device, check_model_paths
 
     if shape and (entry or target or draft):
         raise click.UsageError("--shape builds a random target; do not combine it with a model")
@@ -148,6 +151,8 @@ def bench(
         raise click.UsageError(f"unknown shape {shape!r}; known: {', '.join(B.SHAPES)}")
     if shape and (prompts_file or raw or limit):
         raise click.UsageError("--shape has no tokenizer: drop --prompts, --raw and --limit")
+    check_device(device)  # `--device nonsense` / a GPU this machine lacks: before anything is built
+    check_model_paths(entry, target, draft)
     record_path = out or benchmeta.default_out(shape or entry or target or "demo")
     _check_record_location(record_path, explicit=out is not None)
     # inputs before any model: a missing or malformed prompt file fails here
@@ -165,6 +170,8 @@ def bench(
         sub = B.random_subject(shape, device, torch_dtype, opts, split)
     else:
         sub = B.pair_subject(entry or target, draft, device, torch_dtype, opts, devices, prompt_set, raw)
+    if not shape:  # a too-long prompt is refused; running past the positions is a warning
+        _check_positions(sub, prompt_set, opts.new_tokens)
     if not paths:  # the engine `generate` would pick, as `engine/select.py` decides
         from dflash_zoo.engine.select import EngineOptions, choose_engine
 
@@ -179,6 +186,15 @@ def bench(
     _warn_spread(record)
     _write_record(record_path, record)
     info(f"record written to {record_path}")
+
+
+def _check_positions(sub, prompt_set, new_tokens: int) -> None:
+    from dflash_zoo.bench.prompts import check_positions
+    from dflash_zoo.engine.results import target_positions
+
+    positions = target_positions(sub.adapter.config)
+    if warning := check_positions(sub.prompt, sub.prompts, prompt_set, new_tokens, positions):
+        info(warning)
 
 
 def _prompt_set(path: Path | None, limit: int | None, demo: bool):
@@ -216,10 +232,13 @@ def _check_record_location(path: Path, explicit: bool) -> None:
 
 def _write_record(path: Path, record: dict) -> None:
     """Into a temporary sibling, then renamed into place (a reader never sees half a record)."""
+    from dflash_zoo.engine.outdir import normal_mode
+
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(record, indent=2, default=str) + "\n")
+        normal_mode(Path(tmp))  # mkstemp's file is private (0600); a record is as readable as any other file
         if path.exists():  # appeared while measuring: keep it
             raise ZooError(f"{path} appeared while measuring; the record is in {tmp}")
         os.replace(tmp, path)

@@ -129,11 +129,23 @@ def _json_errors(as_json: bool) -> Iterator[None]:
     code and the one-line stderr message are those of any other failure."""
     try:
         yield
-    except (ZooError, click.ClickException) as exc:
+    except Exception as exc:
         if as_json:
-            message = exc.message if isinstance(exc, click.ClickException) else str(exc)
-            emit_json({"error": message, "hint": getattr(exc, "hint", None), "exit_code": exc.exit_code})
+            emit_json(_error_dict(exc))
         raise
+
+
+def _error_dict(exc: Exception) -> dict[str, Any]:
+    """What the CLI prints for `exc` on stderr (cli.main), as JSON: an unexpected error too, not nothing."""
+    from dflash_zoo.errors import from_exception
+
+    if isinstance(exc, click.ClickException):
+        return {"error": exc.message, "hint": None, "exit_code": exc.exit_code}
+    known = exc if isinstance(exc, ZooError) else from_exception(exc)
+    if known is not None:
+        return {"error": str(known), "hint": known.hint, "exit_code": known.exit_code}
+    hint = "rerun with DFLASH_ZOO_DEBUG=1 for the traceback and report it"
+    return {"error": f"{type(exc).__name__}: {exc}", "hint": hint, "exit_code": 1}
 
 
 def _zoo_home_var() -> str:
@@ -314,7 +326,7 @@ def rm(model_ids, with_target, dry_run, yes, as_json):
 
 def _rm(model_ids, with_target, dry_run, yes, as_json) -> None:
     from dflash_zoo.zoo import removal
-    from dflash_zoo.zoo.registry import drop_pins, lock_path, read_lock
+    from dflash_zoo.zoo.registry import drop_pins
 
     roles: dict[str, str] = {}
     for name in model_ids:
@@ -325,9 +337,13 @@ def _rm(model_ids, with_target, dry_run, yes, as_json) -> None:
         info(f"{repo_id} ({roles[repo_id]}): not cached")
     if not plan.repos:
         return emit_json(_rm_dict(plan, roles, 0, dry_run, [])) if as_json else info("nothing to delete")
+    if not dry_run:  # every refusal comes before the listing says "removing"
+        _refuse_unconfirmed(yes, as_json)
+        removal.check_removable(plan)
+        _check_pins_writable([r.repo_id for r in plan.repos])
     if not as_json:
+        verb = "would remove" if dry_run else "removing" if yes else "to remove"
         for repo in plan.repos:
-            verb = "would remove" if dry_run else "removing"
             info(f"{verb} {repo.repo_id} ({roles[repo.repo_id]}) from {repo.folder.parent}")
         stdout().print(table(["repo", "revision", "refs", "size"], _rm_rows(plan)))
     if dry_run:
@@ -335,19 +351,25 @@ def _rm(model_ids, with_target, dry_run, yes, as_json) -> None:
             return emit_json(_rm_dict(plan, roles, 0, True, []))
         click.echo(f"would free {human_size(plan.expected_freed_bytes)} ({plan.expected_freed_bytes} bytes)")
         return hint("dry run: nothing deleted")
-    _confirm(plan, yes, as_json)
-    removed = [r.repo_id for r in plan.repos]
-    lock = read_lock()
-    pinned = {str(rec.get(k, "")).lower() for rec in lock.values() for k in ("draft_repo", "target_repo")}
-    if any(r.lower() in pinned for r in removed):  # check before deleting that the pins can be dropped
-        hub.ensure_writable(lock_path().parent, "the zoo state folder", _zoo_home_var())
+    if not yes:
+        _confirm(plan)
     freed = removal.execute_removal(plan)
-    dropped = drop_pins(removed)
+    dropped = drop_pins([r.repo_id for r in plan.repos])
     if as_json:
         return emit_json(_rm_dict(plan, roles, freed, False, dropped))
     click.echo(f"freed {human_size(freed)} ({freed} bytes)")
     if dropped:
         info(f"lock pins removed: {', '.join(dropped)}")
+
+
+def _check_pins_writable(repo_ids: list[str]) -> None:
+    """When the lock file pins one of `repo_ids`, its folder must be writable (checked before deleting)."""
+    from dflash_zoo.zoo.registry import lock_path, read_lock
+
+    keys = ("draft_repo", "target_repo")
+    pinned = {str(rec.get(k, "")).lower() for rec in read_lock().values() for k in keys}
+    if any(r.lower() in pinned for r in repo_ids):
+        hub.ensure_writable(lock_path().parent, "the zoo state folder", _zoo_home_var())
 
 
 def _rm_rows(plan: Any) -> list[tuple[str, ...]]:
@@ -360,15 +382,18 @@ def _rm_rows(plan: Any) -> list[tuple[str, ...]]:
     return rows
 
 
-def _confirm(plan: Any, yes: bool, as_json: bool) -> None:
-    """Ask on a TTY; without one (or with --json) refuse unless --yes was given."""
-    if yes:
-        return
-    if as_json or not (sys.stdin.isatty() and sys.stdout.isatty()):
+def _refuse_unconfirmed(yes: bool, as_json: bool) -> None:
+    """Without --yes, deleting needs a TTY to ask on (and --json never asks)."""
+    if not yes and (as_json or not (sys.stdin.isatty() and sys.stdout.isatty())):
         raise click.UsageError("refusing to delete without confirmation in non-interactive mode: pass --yes")
+
+
+def _confirm(plan: Any) -> None:
     size = human_size(plan.expected_freed_bytes)
     names = ", ".join(r.repo_id for r in plan.repos)
-    click.confirm(f"delete {names} from the cache, freeing {size}?", abort=True, err=True)
+    if not click.confirm(f"delete {names} from the cache, freeing {size}?", err=True):
+        info("nothing removed")  # a "no" is an answer, not an interruption
+        raise SystemExit(0)
 
 
 def _rm_dict(

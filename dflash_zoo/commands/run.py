@@ -58,6 +58,21 @@ def model_options(f):
     return f
 
 
+class Temperature(click.FloatRange):
+    """A temperature: a finite float >= 0 (FloatRange lets `nan` and `inf` through)."""
+
+    def __init__(self) -> None:
+        super().__init__(min=0)
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
 top_p_option = click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
 top_k_option = click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
 
@@ -67,7 +82,7 @@ def decoding_options(f):
         click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=256, show_default=True),
         click.option(
             "--temperature",
-            type=click.FloatRange(min=0),
+            type=Temperature(),
             default=0.0,
             show_default=True,
             help="0 = greedy (lossless).",
@@ -148,6 +163,17 @@ def check_device(device: str | None) -> None:
             f"device {device!r} does not exist: torch sees {torch.cuda.device_count()} CUDA GPU(s)",
             hint="cuda:0 is the first GPU; `dflash-zoo env` lists them",
         )
+
+
+def check_model_paths(*names: str | None) -> None:
+    """A model argument written as a path (`./t`, `/x/y`) that is not a directory: one line, before loading."""
+    import os
+
+    from dflash_zoo.errors import looks_like_path, missing_directory
+
+    for name in names:
+        if name and looks_like_path(name) and not os.path.isdir(os.path.expanduser(name)):
+            raise missing_directory(name)
 
 
 def gen_kwargs(params: dict[str, Any]) -> dict[str, Any]:
@@ -352,7 +378,11 @@ class ChatSession:
         from dflash_zoo.errors import InvalidArgumentError
 
         if key == "think":
-            self.pipe.chat_template_kwargs["enable_thinking"] = value.lower() in ("on", "1", "true", "yes")
+            on, off = ("on", "1", "true", "yes"), ("off", "0", "false", "no")
+            if value.lower() not in on + off:
+                stderr().print(f"think needs on or off, got {value!r}", highlight=False)
+                return
+            self.pipe.chat_template_kwargs["enable_thinking"] = value.lower() in on
         elif key in SETTING_TYPES:
             try:
                 new = SETTING_TYPES[key](value)
@@ -422,5 +452,7 @@ def _partial_timings(res: Any, elapsed: float) -> None:
 def settings_config(settings: dict[str, Any]) -> Any:
     """The `GenerationConfig` of chat settings (the keys it knows; `think` lives in the chat template)."""
     from dflash_zoo.engine.results import GenerationConfig
+    from dflash_zoo.pipeline import finite
 
-    return GenerationConfig(**{k: v for k, v in settings.items() if k in GenerationConfig.__dataclass_fields__})
+    fields = GenerationConfig.__dataclass_fields__
+    return finite(GenerationConfig(**{k: v for k, v in settings.items() if k in fields}))

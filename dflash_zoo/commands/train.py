@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from dflash_zoo.commands.run import load_pipeline, model_options
+from dflash_zoo.commands.run import Temperature, check_device, check_model_paths, load_pipeline, model_options
 from dflash_zoo.output import emit_json, hint, info, stderr, table
 from dflash_zoo.paths import zoo_home
 
@@ -36,9 +36,12 @@ def _ids(text: str | None) -> tuple[int, ...] | None:
 
 
 def _load_target(target: str, device: str | None, dtype: str) -> tuple[Any, Any, str]:
+    from transformers.utils.logging import disable_progress_bar
+
     from dflash_zoo.api import default_device, load_target, parse_dtype
 
     device = device or default_device()
+    disable_progress_bar()  # the spinner says what is happening (as for generate)
     with stderr().status("loading target...", spinner="dots"):
         model, tok = load_target(target, device, parse_dtype(dtype, device), None)
     if tok is None:
@@ -49,14 +52,16 @@ def _load_target(target: str, device: str | None, dtype: str) -> tuple[Any, Any,
 def _preflight(p: dict, rank: int) -> list:
     """Everything that can be checked without a model: the data file, every output location, --init,
     --resume and --target-layer-ids (against a local target's config). Returns the data records."""
-    from dflash_zoo.engine.outdir import check_writable
-    from dflash_zoo.errors import looks_like_path, missing_directory
+    from dflash_zoo.engine.outdir import check_holds_no_input, check_writable
     from dflash_zoo.training import checkpoints, data
     from dflash_zoo.training.train import TrainConfig, check_locations
 
+    check_device(p["device"])  # `--device nonsense` / a GPU this machine lacks: before anything loads
     records = data.read_jsonl(p["data"])
     if rank == 0:
         check_locations(TrainConfig(out=p["out"], overwrite=p["overwrite"]), resume=False)
+        inputs = {"--data": p["data"], "--target": p["target"], "--init": p["init"]}
+        check_holds_no_input(Path(p["out"]), inputs)  # --overwrite must not delete what the run reads
     root = checkpoints.root_for(p["out"])
     if p["resume"]:
         found = checkpoints.find(root)[0]
@@ -65,9 +70,7 @@ def _preflight(p: dict, rank: int) -> list:
         checkpoints.check_state(found)
     if p["regenerate"]:
         check_writable(zoo_home() / "regen", "regeneration cache (DFLASH_ZOO_HOME)")
-    init = p["init"]
-    if init and not Path(init).expanduser().is_dir() and looks_like_path(init):
-        raise missing_directory(init)
+    check_model_paths(p["target"], p["init"])
     ids = _ids(p["target_layer_ids"])
     layers = _local_layers(p["target"])
     if ids and layers is not None and not (p["init"] or p["resume"]):
@@ -130,7 +133,7 @@ def _examples(p: dict, records: list, model: Any, tok: Any, rank: int, world: in
 @click.option("--regenerate", is_flag=True, help="Let the target write the responses first (cached on disk).")
 @click.option(
     "--temperature",
-    type=click.FloatRange(min=0),
+    type=Temperature(),
     default=0.0,
     show_default=True,
     help="Regeneration temperature.",
@@ -257,7 +260,7 @@ def train(**p: Any) -> None:
     help="Prefix length of text lines.",
 )
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--temperature", type=Temperature(), default=0.0, show_default=True)
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
 @click.option(
@@ -280,12 +283,15 @@ def eval_cmd(
       dflash-zoo eval -t ./target -d ./draft --data held_out.jsonl --raw --limit 20
       dflash-zoo eval -t ./target -d runs/d1 --data prompts.jsonl --json --no-baseline
     """
+    from dflash_zoo.engine.results import target_positions
     from dflash_zoo.training.data import read_jsonl
     from dflash_zoo.training.evaluate import evaluate, load_prompts
 
     read_jsonl(data, limit)  # a missing or malformed file fails before any model loads
     pipe = load_pipeline(target, draft, device, dtype, revision, draft_revision, devices, compile_steps)
-    prompts = load_prompts(data, pipe.tokenizer, raw, pipe.chat_template_kwargs, prompt_tokens, limit)
+    positions = target_positions(pipe.model.config)
+    chat = pipe.chat_template_kwargs
+    prompts = load_prompts(data, pipe.tokenizer, raw, chat, prompt_tokens, limit, positions)
     with stderr().status("evaluating...", spinner="dots") as st:
         res = evaluate(
             pipe, prompts, baseline=not no_baseline, on_prompt=lambda n, t: st.update(f"prompt {n}/{t}"), **kw

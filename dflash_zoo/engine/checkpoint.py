@@ -82,7 +82,10 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
                 for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
                     state[key.removeprefix("model.")] = f.get_tensor(key)
         except Exception as exc:  # safetensors raises several types for truncated/corrupted headers
-            raise CheckpointError(f"cannot read {file.name}: {exc}") from exc
+            raise CheckpointError(
+                f"cannot read {file.name} in {file.parent}: {exc}",
+                hint="the file is damaged or incomplete: fetch or copy it again",
+            ) from exc
     return state
 
 

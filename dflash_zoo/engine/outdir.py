@@ -7,7 +7,8 @@ carries our metadata tag (`OWNER_KEY`); a train output written before the tag ex
 New content goes into a hidden sibling `.NAME.tmp-XXXXXXXX` (normal permissions under the umask), is fsynced,
 then swapped in: NAME is renamed to `.NAME.old-XXXXXXXX`, the new directory renamed to NAME, and only then the
 old one removed. A kill at any point leaves NAME or its `.old-` sibling complete. `recover` (called before the
-next write) puts a lone `.old-` sibling back and removes the other leftovers, naming each.
+next write) puts a lone `.old-` sibling back and removes the other leftovers holding only our files, naming
+each; a directory named like early versions' temporaries is only named, never removed.
 """
 
 from __future__ import annotations
@@ -151,6 +152,27 @@ def _protected(out: Path) -> str | None:
     return None
 
 
+def check_holds_no_input(out: Path, inputs: dict[str, str | os.PathLike | None]) -> None:
+    """Refuse an `out` that is or contains one of the run's inputs (`{"--data": path, ...}`), even with
+    `--overwrite`: replacing it would delete what the run reads. `--init` may be `out` itself (continued in
+    place: it is read before the swap)."""
+    out = norm(out)
+    if not out.is_dir():
+        return
+    real = out.resolve()
+    for flag, path in inputs.items():
+        if not path or not norm(path).exists():
+            continue  # a Hub id, or a missing path reported elsewhere
+        where = norm(path).resolve()
+        if where == real and flag == "--init":
+            continue
+        if where == real or real in where.parents:
+            raise InvalidArgumentError(
+                f"refusing to replace {out}: it holds the {flag} input {path}",
+                hint="choose another output directory, or move the input out of it first",
+            )
+
+
 def check_output(out: Path, overwrite: bool = False, flag: str = "--overwrite") -> None:
     """Refuse an `out` that cannot be replaced safely; run before any work that would be lost."""
     out = norm(out)
@@ -188,14 +210,17 @@ def swap_in(tmp: Path, out: Path) -> None:
     fsync_path(parent)
 
 
-def _leftovers(out: Path) -> list[Path]:
-    """Our temporary siblings of `out` (`.NAME.tmp-*`, `.NAME.old-*`, and mkdtemp's `.NAME.XXXXXXXX`)."""
-    pattern = re.compile(rf"\.{re.escape(out.name)}\.(?:tmp-|old-)?[a-z0-9_]{{8}}")
+def _leftovers(out: Path) -> tuple[list[Path], list[Path]]:
+    """Temporary siblings of `out`: (ours: `.NAME.tmp-XXXXXXXX` / `.NAME.old-XXXXXXXX`, 8 hex digits as
+    `new_temp_dir` and `swap_in` name them; legacy: mkdtemp's `.NAME.XXXXXXXX` of early versions, a name a
+    user's own hidden copy such as `.NAME.previous` can have too)."""
+    ours = re.compile(rf"\.{re.escape(out.name)}\.(?:tmp|old)-[0-9a-f]{{8}}")
+    legacy = re.compile(rf"\.{re.escape(out.name)}\.[a-z0-9_]{{8}}")
     try:
-        entries = list(out.parent.iterdir())
+        dirs = sorted(p for p in out.parent.iterdir() if p.is_dir() and not p.is_symlink())
     except OSError:
-        return []
-    return sorted(p for p in entries if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
+        return [], []
+    return [p for p in dirs if ours.fullmatch(p.name)], [p for p in dirs if legacy.fullmatch(p.name)]
 
 
 def _only_our_files(directory: Path) -> bool:
@@ -205,11 +230,19 @@ def _only_our_files(directory: Path) -> bool:
         return False
 
 
+_NAMED: set[Path] = set()  # legacy-named directories already reported by this process
+
+
 def recover(out: Path) -> list[str]:
     """Put back an output an interrupted swap left aside, remove our other leftovers; returns what was done."""
     out = norm(out)
     done: list[str] = []
-    for p in _leftovers(out):
+    ours, legacy = _leftovers(out)
+    for p in legacy:
+        if _only_our_files(p) and p not in _NAMED:  # never deleted: the name alone does not prove it is ours
+            _NAMED.add(p)
+            log.warning("%s may be left by an early dflash-zoo version; remove it if you do not need it", p)
+    for p in ours:
         if not _only_our_files(p):
             log.warning("leaving %s alone: it holds files dflash-zoo does not write", p)
             continue

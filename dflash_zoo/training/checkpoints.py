@@ -97,14 +97,26 @@ def _state_error(path: Path, directory: Path, why: str) -> CheckpointError:
 
 
 def check_state(directory: Path) -> None:
-    """Cheap test (no unpickling, no full read) that `trainer_state.pt` is a whole torch zip archive."""
+    """Cheap test (no unpickling, no full read) that `trainer_state.pt` is a whole torch zip archive and the
+    weights' header fits their file, so that `--resume` fails before the target loads."""
     import zipfile
+
+    from safetensors import safe_open
 
     path = directory / STATE_FILE
     if not path.is_file() or path.stat().st_size == 0:
         raise _state_error(path, directory, "the file is missing or empty")
     if not zipfile.is_zipfile(path):  # the zip directory sits at the end: a truncated file has none
         raise _state_error(path, directory, "the file is truncated or not a torch archive")
+    weights = directory / "model.safetensors"
+    try:
+        with safe_open(str(weights), framework="pt") as f:  # checks the header against the file's length
+            f.keys()
+    except Exception as exc:  # safetensors raises several types for missing / truncated files
+        raise CheckpointError(
+            f"cannot read checkpoint weights {weights}: {exc}",
+            hint=f"remove {directory} to resume from an earlier checkpoint, or train without --resume",
+        ) from exc
 
 
 def load_state(directory: Path) -> dict:

@@ -115,7 +115,10 @@ class _Partial:
         self.offset = 0
 
     def append(self, fh: Any, chunk: bytes) -> None:
-        fh.write(chunk)
+        """Write all of `chunk` (an unbuffered write may take part of it, e.g. as the disk fills), then hash it."""
+        view = memoryview(chunk)
+        while view:
+            view = view[fh.write(view) :]
         self.hasher.update(chunk)
         self.offset += len(chunk)
         self.received += len(chunk)
@@ -148,19 +151,24 @@ def fetch_blob(
             part.restart()
             part.resumed_from = 0
             _download(url, part, headers, label, progress)
-        actual = part.hasher.hexdigest()
-        if part.offset != size or actual != digest:
+        actual, stored = part.hasher.hexdigest(), _synced_size(part.path)  # hashed bytes, bytes on disk
+        if part.offset != size or stored != size or actual != digest:
             part.path.unlink(missing_ok=True)
-            got = f"{part.offset} bytes" if part.offset != size else f"{digest_kind(digest)} {actual[:12]}"
+            got = f"{stored} bytes" if stored != size else f"{digest_kind(digest)} {actual[:12]}"
             raise IntegrityError(
                 f"{label} failed verification: expected {size} bytes with {digest_kind(digest)} "
                 f"{digest[:12]}, got {got}; nothing was stored",
                 hint="retry the pull; if it fails again the Hub or a proxy on the way serves corrupt bytes",
             )
-        with open(part.path, "rb+") as fh:
-            os.fsync(fh.fileno())
         os.replace(part.path, blob)
         return part.received
+
+
+def _synced_size(path: Path) -> int:
+    """Flush `path` to disk and return its size there."""
+    with open(path, "rb+") as fh:
+        os.fsync(fh.fileno())
+        return os.fstat(fh.fileno()).st_size
 
 
 def _download(url: str, part: _Partial, headers: dict[str, str], label: str, progress: bool) -> None:

@@ -344,7 +344,7 @@ def _filter(paths: list[str], patterns: tuple[str, ...] | None) -> list[str]:
 def _offline_plan(repo_id: str, revision: str, patterns: tuple[str, ...] | None, name: str) -> PullPlan:
     """A plan from the cache alone; every listed file is cached, or `OfflineError` says what is missing."""
     storage = repo_cache_dir(repo_id)
-    hint = f"run `dflash-zoo pull {name}` while online (unset HF_HUB_OFFLINE, drop --offline)"
+    hint = f"run `dflash-zoo pull {name}` while online (with HF_HUB_OFFLINE unset)"
     ref = storage / "refs" / revision
     if not storage.is_dir():
         raise OfflineError(

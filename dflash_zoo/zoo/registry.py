@@ -367,6 +367,8 @@ def drop_pins(repo_ids: list[str] | tuple[str, ...]) -> list[str]:
 
 
 def _write_lock_data(data: dict) -> None:
+    from dflash_zoo.engine.outdir import umask
+
     path = lock_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".lock.", suffix=".tmp")
@@ -374,6 +376,7 @@ def _write_lock_data(data: dict) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=2, sort_keys=True)
             fh.write("\n")
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp's files are private; the lock file is an ordinary one
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -99,15 +99,12 @@ def plan_removal(repo_ids: Sequence[str]) -> RemovalPlan:
             missing.append(repo_id)
             continue
         repos.append(RepoRemoval(repo_id, folder, tuple(cached_revisions(repo_id)), _partials(repo_id),
-                                 _tree_bytes(folder)))  # fmt: skip
+                                 _tree_bytes(folder, follow=False)))  # fmt: skip
     return RemovalPlan(tuple(repos), tuple(missing))
 
 
-def execute_removal(plan: RemovalPlan) -> int:
-    """Delete the planned repo folders; returns the bytes of the regular files actually removed.
-
-    Refuses (before deleting anything) when a download of one of them is running, or the cache is read-only.
-    """
+def check_removable(plan: RemovalPlan) -> None:
+    """Raise when a download of a planned repo is running, or the cache is read-only (nothing is touched)."""
     for repo in plan.repos:
         busy = [p.path.name for p in _partials(repo.repo_id) if p.in_use]
         if busy:
@@ -118,6 +115,14 @@ def execute_removal(plan: RemovalPlan) -> int:
             )
     if plan.repos:
         ensure_writable(hub_cache_dir(), "the Hugging Face cache", cache_env_var())
+
+
+def execute_removal(plan: RemovalPlan) -> int:
+    """Delete the planned repo folders; returns the bytes of the regular files actually removed.
+
+    Refuses (before deleting anything) when `check_removable` does.
+    """
+    check_removable(plan)
     freed = 0
     for repo in plan.repos:
         try:
@@ -156,17 +161,19 @@ def _partials(repo_id: str) -> tuple[PartialFile, ...]:
     )
 
 
-def _tree_bytes(root: Path) -> int:
-    """Bytes of the distinct regular files under `root`, following snapshot symlinks to their blobs."""
+def _tree_bytes(root: Path, follow: bool = True) -> int:
+    """Bytes of the distinct regular files under `root`; `follow`: through snapshot symlinks to their blobs
+    (a revision's size), else the files in `root` only, which are what `_remove_tree` deletes (a link to a
+    file elsewhere is unlinked, its file kept and not counted)."""
     seen: set[tuple[int, int]] = set()
     total = 0
     for dirpath, _dirs, names in os.walk(root):
         for name in names:
             try:
-                st = os.stat(os.path.join(dirpath, name))  # follows a link to its blob
+                st = os.stat(os.path.join(dirpath, name), follow_symlinks=follow)
             except OSError:
                 continue  # a dangling link
-            if (st.st_dev, st.st_ino) not in seen:
+            if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
                 seen.add((st.st_dev, st.st_ino))
                 total += st.st_size
     return total
