@@ -23,7 +23,8 @@ What differs from the eager loop, and why:
   apart from capture time and from throughput (`compile_seconds`, `capture_seconds`). On CUDA with triton, the
   attention of every step and the one-row o/down projections run our Triton kernels (kernels.py), measured
   fastest compiled or not, and so, uncompiled, does the elementwise work between GEMMs (fused_ops.py);
-  without triton, compiled one-row steps use explicit sums over key chunks.
+  without triton, compiled one-row steps use explicit sums over key chunks. One-row steps of sparse MoE
+  blocks run their routed experts as one GEMV per chosen expert (moe.py).
 Scope: batch 1, greedy or sampling, targets whose adapter declares a `static_layout` (with sparse MoE blocks
 only where their experts implementation does not sync with the host when graphs are on); `engine/select.py`
 sends everything else to the eager engine, and on CUDA also layouts not yet verified there unless asked.

@@ -5,7 +5,8 @@
   K/V at tensor positions into [1, kvh, S, hd] buffers (attention.py runs the attention). Rollback is a
   position counter: rejected rows stay, masked, until overwritten; Gated-DeltaNet layers keep static states
   that a commit moves on (gdn.py). A sparse MoE block runs as the family's own module, captured in a CUDA
-  graph only where its experts implementation does not sync with the host (layout.py).
+  graph only where its experts implementation does not sync with the host (layout.py); few-row steps run its
+  declared parts with the routed experts through the expert GEMV (moe.py).
 - `StaticDrafter`: the DFlash drafter (drafter.py modules) over a static context K/V buffer; the block's own
   K/V are written as scratch rows just past the context, so nothing is concatenated per step.
 Every shape is fixed for a given block, so a step can be captured in a CUDA graph (fast.py).
@@ -225,8 +226,7 @@ class StaticTarget:
         layout, text = mods.layout, adapter.text_config
         self.halves, self.axes, self.by_type = layout.rotary_halves, layout.rotary_axes, layout.rotary_by_layer_type
         self.gemv = gemv  # one-row o and down projections through `kernels.gemv` (split over K)
-        # the fused kernels compute Llama's RMSNorm: other norm formulas run their modules
-        llama = layout.norms == "llama"
+        llama = layout.norms == "llama"  # the declared RMSNorm formula (the norm kernel computes each)
         self.fused = fused_ops and llama  # q/k norm + rotary + K/V writes in one kernel (Llama's norm formula)
         self.decode_attend = DECODE_ATTENTION[decode_attention]  # T = 1 steps only
         self.block_attend = BLOCK_ATTENTION[block_attention]  # verify steps (T > 1)
@@ -251,7 +251,7 @@ class StaticTarget:
         # GDN layers: their own static states; projections split by the adapter (`gdn_project`)
         self.gdn = [StaticGDN(m.gdn, m.gdn_parts, adapter.gdn_project, fused_ops) if m.gdn is not None else None
                     for m in self.layers]  # fmt: skip
-        # a sparse MoE block keeps its own forward (router, experts implementation, shared experts): None here
+        # dense MLPs only: a sparse MoE block runs as its module or its declared parts (`_sparse`): None here
         self.gate_up = [FusedLinear([m.gate, m.up], fuse) if m.gate is not None else None for m in self.layers]
         dev = mods.final_norm.weight.device
         # sliding layers keep a ring of R >= window + 2 * max_rows slots (slot = position % R) where that is
