@@ -316,4 +316,6 @@ def test_target_files_are_verified_too(zoo_registry, hub_env):
     run = cli("pull", "tiny-test", "--with-target")
     assert run.code == 1 and "model.safetensors of zoo-test/tiny-target@" in run.stderr
     assert "target_commit" not in lock().get("tiny-test", {})
+    # the drafter came first and verified: it is pinned although the target failed
+    assert lock()["tiny-test"]["draft_commit"] == hub_env.commit(DRAFT_REPO)
     assert len(TARGET_FILES["model.safetensors"]) == 4096  # the whole file inverted, same size

@@ -210,7 +210,14 @@ def _pull(model_id, with_target, revision, dry_run, offline, verify, force, quie
     need = sum(hub.bytes_to_fetch(p, r) for p, r in zip(plans, refetch, strict=True))
     hub.check_space(need, [p.repo_id for p in plans])
     progress = loud and sys.stderr.isatty()
-    results = [hub.download(p, progress=progress, refetch=r) for p, r in zip(plans, refetch, strict=True)]
+    results: list[hub.PullResult] = []
+    try:
+        for p, r in zip(plans, refetch, strict=True):
+            results.append(hub.download(p, progress=progress, refetch=r))
+    except BaseException:
+        if entry is not None and results:  # the drafter arrived and verified: its pin stays true
+            _record_pins(jobs[: len(results)], results)
+        raise
     _show_results(plans, results, as_json, quiet, _record_pins(jobs, results) if entry is not None else None)
 
 
