@@ -13,6 +13,9 @@ An adapter owns everything family-specific about a loaded Hugging Face target:
 - `static_layout`: the module names the static fast path runs the decoder from (`StaticLayout`), or None.
 
 This module must not import torch at import time (`check` and `list` run without it).
+
+Longer than the ~300 lines we aim for: the contract's defaults and the `StaticLayout` declaration dataclasses
+live together, so a family module reads one file to see what it may override.
 """
 
 from __future__ import annotations
