@@ -101,3 +101,23 @@ def test_expert_gemv_bf16_on_cuda_is_close_and_captures(model_type):
     torch.cuda.synchronize()
     assert torch.equal(replayed, got)
     assert (got.float() - ref).norm() / ref.norm() < 2e-2
+
+
+@pytest.mark.slow  # ~15 s
+def test_gemma4_experts_beside_the_dense_mlp_through_the_gemv(interpret):  # noqa: F811
+    """Gemma 4 26B-A4B's parallel branch (router and experts children of the decoder layer) takes the expert
+    GEMV too: tokens and drafts as the eager loop, and the experts equal their module."""
+    from tests.test_static_families import GEMMA_VARIANTS
+
+    adapter, drafter = static_pair("gemma4", **GEMMA_VARIANTS["moe_branch"])
+    eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, moe_rows=16)
+    router, experts = eng.target.layers[0].moe_branch[:2]
+    x = torch.randn(3, adapter.text_config.hidden_size, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        _, weights, index = router(x)
+        torch.testing.assert_close(moe.routed(experts, x, index, weights), experts(x, index, weights))
+    cfg = GenerationConfig(max_new_tokens=12)
+    prompt = _prompts(1)[0]
+    eager, fast = _eager(adapter, drafter, prompt, cfg), eng.speculative(prompt, cfg)
+    assert fast.output_ids == eager.output_ids
+    assert [s.proposed for s in fast.steps] == [s.proposed for s in eager.steps]
