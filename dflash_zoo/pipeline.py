@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +22,7 @@ from dflash_zoo.engine.drafter import DFlashDrafter
 from dflash_zoo.engine.results import GenerationConfig, GenerationResult, fit_to_positions, target_positions
 from dflash_zoo.engine.run import AcceptOverride, Engine, Generation
 from dflash_zoo.engine.select import EngineChoice, EngineOptions, choose_engine
-from dflash_zoo.errors import ConfigError, InvalidArgumentError
+from dflash_zoo.errors import ConfigError
 
 log = logging.getLogger("dflash_zoo")
 
@@ -43,16 +42,6 @@ class TextStream:
             return ""
         new, self.sent = text[self.sent :], len(text)
         return new
-
-
-def finite(cfg: GenerationConfig) -> GenerationConfig:
-    """Refuse a NaN or infinite temperature (the range checks of `validated` let both through)."""
-    if not math.isfinite(cfg.temperature):
-        raise InvalidArgumentError(
-            f"temperature must be a finite number >= 0, got {cfg.temperature}",
-            hint="0 is greedy; sampling temperatures are usually 0.6 to 1.0",
-        )
-    return cfg
 
 
 @dataclass
@@ -99,7 +88,7 @@ class Pipeline:
         """A validated `GenerationConfig`; `stop_token_ids=None` means the pair's defaults, `[]` none at all."""
         stops = kw.pop("stop_token_ids", None)
         stops = self.stop_token_ids if stops is None else tuple(stops)
-        return finite(GenerationConfig(stop_token_ids=stops, **kw)).validated(self.drafter.cfg.block_size)
+        return GenerationConfig(stop_token_ids=stops, **kw).validated(self.drafter.cfg.block_size)
 
     def engine(self, cfg: GenerationConfig, prompt_tokens: int, images: bool = False) -> Engine:
         """The engine for one generation (`engine/select.py` decides; `last_choice` says which and why)."""

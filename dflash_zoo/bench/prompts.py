@@ -95,6 +95,10 @@ def token_ids(
     return [prompt_ids(r, tokenizer, raw, chat, prompt_tokens) for r in ps.records]
 
 
+# how to fix a line of a prompt file that the target cannot hold (bench --prompts, eval --data)
+LONG_LINE_HINT = "shorten or drop that line (text lines use their first --prompt-tokens tokens)"
+
+
 def refuse_long_prompts(lengths: list[int], names: list[str], positions: int | None, hint: str) -> None:
     """Refuse, naming it, the first prompt the target cannot hold (`positions`: max_position_embeddings)."""
     from dflash_zoo.errors import InvalidArgumentError
@@ -126,8 +130,7 @@ def check_positions(
         refuse_long_prompts([len(prompt)], ["the fixed bench prompt"], positions, "lower --prompt-tokens")
     else:
         names = [f"{ps.name}:{r.line}" for r in ps.records]
-        hint = "shorten or drop that line (text lines use their first --prompt-tokens tokens)"
-        refuse_long_prompts([len(p) for p in prompts], names, positions, hint)
+        refuse_long_prompts([len(p) for p in prompts], names, positions, LONG_LINE_HINT)
     return past_positions(len(prompt), new_tokens, positions)
 
 

@@ -452,7 +452,5 @@ def _partial_timings(res: Any, elapsed: float) -> None:
 def settings_config(settings: dict[str, Any]) -> Any:
     """The `GenerationConfig` of chat settings (the keys it knows; `think` lives in the chat template)."""
     from dflash_zoo.engine.results import GenerationConfig
-    from dflash_zoo.pipeline import finite
-
     fields = GenerationConfig.__dataclass_fields__
-    return finite(GenerationConfig(**{k: v for k, v in settings.items() if k in fields}))
+    return GenerationConfig(**{k: v for k, v in settings.items() if k in fields})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -35,6 +36,11 @@ class GenerationConfig:
         """Check ranges; raises `InvalidArgumentError` with a one-line message."""
         if self.max_new_tokens < 1:
             raise InvalidArgumentError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not math.isfinite(self.temperature):  # NaN passes the range check below
+            raise InvalidArgumentError(
+                f"temperature must be a finite number >= 0, got {self.temperature}",
+                hint="0 is greedy; sampling temperatures are usually 0.6 to 1.0",
+            )
         if self.temperature < 0:
             raise InvalidArgumentError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

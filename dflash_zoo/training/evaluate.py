@@ -144,7 +144,7 @@ def load_prompts(
 ) -> list[list[int]]:  # fmt: skip
     """Prompt token ids for every record of a JSONL file (see `data.prompt_ids`); a prompt of `positions`
     tokens or more (the target's max_position_embeddings) is refused before any is run, naming its line."""
-    from dflash_zoo.bench.prompts import refuse_long_prompts
+    from dflash_zoo.bench.prompts import LONG_LINE_HINT, refuse_long_prompts
     from dflash_zoo.training.data import prompt_ids, read_jsonl
 
     if tokenizer is None:
@@ -153,6 +153,5 @@ def load_prompts(
         raise DataError("the target has no tokenizer; eval needs one to read text prompts")
     records = read_jsonl(path, limit)
     ids = [prompt_ids(r, tokenizer, raw, chat_kwargs, prompt_tokens) for r in records]
-    hint = "shorten or drop that line (text lines use their first --prompt-tokens tokens)"
-    refuse_long_prompts([len(i) for i in ids], [f"{path}:{r.line}" for r in records], positions, hint)
+    refuse_long_prompts([len(i) for i in ids], [f"{path}:{r.line}" for r in records], positions, LONG_LINE_HINT)
     return ids
