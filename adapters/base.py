@@ -260,6 +260,10 @@ class TargetAdapter:
     static_layout: ClassVar[StaticLayout | None] = None
     extra_stop_token_ids: ClassVar[tuple[int, ...]] = ()  # family stop ids beyond the generation config's eos
     accepts_images: ClassVar[bool] = False  # VLM wrappers: `generate --image` feeds pixels at prefill only
+    # what every published config.json of the family has beyond the registry's target fingerprint, for the
+    # config `check` builds from it (zoo/check_sources.py): the decoder's own `model_type` under a VLM wrapper's
+    # `text_config`, `gdn_every` (every n-th layer full attention, the others Gated-DeltaNet), a logit soft-cap
+    registry_shape: ClassVar[dict[str, Any]] = {}
     notes: ClassVar[str] = ""
 
     def __init__(self, model: Any):

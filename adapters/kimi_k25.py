@@ -45,6 +45,7 @@ class KimiK25Adapter(DeepseekV3Adapter):
     auto_class = "AutoModelForImageTextToText"
     accepts_images = True
     notes = "VLM wrapper over deepseek_v3 (MLA + MoE); head forced untied"
+    registry_shape = {"model_type": "deepseek_v3"}  # the text config's
 
     @classmethod
     def load_model(cls, directory: str, dtype: Any, device: Any) -> Any:

@@ -17,3 +17,4 @@ from dflash_zoo.adapters.qwen3_5_moe_text import Qwen3_5MoeTextAdapter
 @register("qwen3_5_moe")
 class Qwen3_5MoeAdapter(Qwen3_5Adapter):
     text_family = Qwen3_5MoeTextAdapter
+    registry_shape = {"model_type": "qwen3_5_moe_text", "gdn_every": 4}

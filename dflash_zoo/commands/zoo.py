@@ -195,7 +195,8 @@ def _info_demo(as_json: bool) -> None:
     """The embedded demo pair's folders (`train --target DIR`, `eval --target DIR`); `dflash-zoo env` too."""
     from dflash_zoo import demo
 
-    dirs = {"target": demo.report()["demo_target"], "draft": demo.report()["demo_draft"]}
+    report = demo.report()
+    dirs = {"target": report["demo_target"], "draft": report["demo_draft"]}
     if as_json:
         return output.emit_json({"slug": "demo", **dirs})
     for side, path in dirs.items():

@@ -208,36 +208,23 @@ def fingerprint(cfg: dict, cls: type[TargetAdapter]) -> TargetFingerprint:
     return TargetFingerprint(str(cfg["model_type"]), **values)
 
 
-# Family shape facts a registry-built config carries besides the fingerprint, as the Hub config.json of every
-# published target of the family has them (docs/families.md): the decoder's own model_type under a VLM
-# wrapper's `text_config`, the 3 Gated-DeltaNet : 1 full-attention layout of the hybrid families (`gdn_every`)
-# and Gemma 4's logit soft-cap.
-_FAMILY_SHAPE: dict[str, dict[str, Any]] = {
-    "qwen3_next": {"gdn_every": 4},
-    "qwen3_5": {"model_type": "qwen3_5_text", "gdn_every": 4},
-    "qwen3_5_moe": {"model_type": "qwen3_5_moe_text", "gdn_every": 4},
-    "gemma4": {"model_type": "gemma4_text", "final_logit_softcapping": 30.0},
-    "kimi_k25": {"model_type": "deepseek_v3"},
-}
-
-
 def registry_config(entry: Entry) -> dict[str, Any]:
     """A config dict of the family's real shape from the registry's target fingerprint.
 
     VLM wrappers (the adapter's decoder lives under `language_model`) nest the text shapes in `text_config`,
     as their Hub config.json does, so family validators that require a `text_config` accept it; the family's
-    other shape facts (`_FAMILY_SHAPE`) go where the real config has them.
+    other shape facts (its adapter's `registry_shape`) go where the real config has them.
     """
     t = entry.target
     text: dict[str, Any] = {k: v for k, v in asdict(t).items() if k != "model_type"}
-    family = dict(_FAMILY_SHAPE.get(t.model_type, {}))
+    cls = find_adapter(t.model_type)
+    family = dict(cls.registry_shape) if cls is not None else {}
     every = family.pop("gdn_every", None)
     if every:
         text["layer_types"] = [
             "full_attention" if i % every == every - 1 else "linear_attention"
             for i in range(t.num_hidden_layers)
         ]
-    cls = find_adapter(t.model_type)
     if cls is not None and "language_model" in cls.layers_path:
         return {"model_type": t.model_type, "text_config": family | text}
     family.pop("model_type", None)
