@@ -147,10 +147,13 @@ class PerLayerInput:
 @dataclass(frozen=True)
 class StaticGDN:
     """A Gated-DeltaNet (linear attention) layer: causal depthwise conv, the gated delta rule over a recurrent
-    state, a gated RMSNorm and an output projection. The input projections differ by family, so the adapter
-    splits them (`gdn_project`); the sizes are the module's own attributes (`num_k_heads`, `head_k_dim`, ...)."""
+    state, a gated RMSNorm and an output projection. The input projections differ by family: the layout names
+    them (`in_proj`, run as one GEMM by the static engine) and the adapter splits their outputs (`gdn_split`);
+    the sizes are the module's own attributes (`num_k_heads`, `head_k_dim`, ...)."""
 
     path: str = "linear_attn"  # from the decoder layer; the rest from the GDN module
+    # the input projections (nn.Linear), in the order `gdn_split` takes their outputs
+    in_proj: tuple[str, ...] = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
     conv1d: str = "conv1d"  # nn.Conv1d, depthwise, kernel K, over [q | k | v] channels
     norm: str = "norm"  # gated RMSNorm, called (core [N, Dv], z [N, Dv])
     out_proj: str = "out_proj"

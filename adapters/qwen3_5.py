@@ -61,5 +61,5 @@ class Qwen3_5Adapter(TargetAdapter):
     def rollback(self, cache: Any, num_rejected: int, snapshot: Any, committed_ids: Any) -> None:
         self.text.rollback(cache, num_rejected, snapshot, committed_ids)
 
-    def gdn_project(self, gdn: Any, x: Any) -> tuple[Any, Any, Any, Any]:
-        return self.text.gdn_project(gdn, x)
+    def gdn_split(self, gdn: Any, outs: tuple[Any, ...]) -> tuple[Any, Any, Any, Any]:
+        return self.text.gdn_split(gdn, outs)

@@ -10,7 +10,7 @@ Quirks:
   only after prefill (base `start_decoding`);
 - full-attention layers are gated (q_proj doubles as a gate) and use partial rotary: taps are unaffected;
 - fast path: RMSNorms are zero-centred (`1 + weight`, in fp32), so the static engine calls the norm modules;
-  GDN layers run over static conv / recurrent states (`cuda/gdn.py`, `gdn_project` splits the projections);
+  GDN layers run over static conv / recurrent states (`cuda/gdn.py`, `gdn_split` splits the projections' outputs);
 - thinking is on by default in the chat template and the z-lab drafters were benchmarked with it, so no
   template switch is passed.
 """
@@ -42,10 +42,11 @@ class Qwen3_5TextAdapter(HybridGDNAdapter):
     notes = "hybrid Gated-DeltaNet: exact GDN rollback (recompute; replay as fallback)"
     static_layout = HYBRID_LAYOUT
 
-    def gdn_project(self, gdn: Any, x: Any) -> tuple[Any, Any, Any, Any]:
-        """x [1, T, H] -> (conv input [1, T, C], z [1, T, Hv, Dv], b [1, T, Hv], a [1, T, Hv])."""
-        z = gdn.in_proj_z(x).view(*x.shape[:2], -1, gdn.head_v_dim)
-        return gdn.in_proj_qkv(x), z, gdn.in_proj_b(x), gdn.in_proj_a(x)
+    def gdn_split(self, gdn: Any, outs: tuple[Any, ...]) -> tuple[Any, Any, Any, Any]:
+        """The `in_proj` outputs (qkv, z, b, a; [1, T, width] each) -> (conv input [1, T, C], z [1, T, Hv, Dv],
+        b [1, T, Hv], a [1, T, Hv])."""
+        qkv, z, b, a = outs
+        return qkv, z.reshape(*z.shape[:2], -1, gdn.head_v_dim), b, a
 
     def gdn_inputs(self, gdn: Any, seen: dict[str, Any]) -> tuple[Any, Any, Any]:
         return seen["in_proj_qkv"], seen["in_proj_a"], seen["in_proj_b"]  # [B, T, C], [B, T, Hv], [B, T, Hv]

@@ -10,7 +10,7 @@ Quirks:
 - the published drafter taps [3, 11, 23, 35, 43]: these sit on full-attention layers (index = 3 mod 4), unlike
   the usual `1 + k * step` spread. Taps are taken as given, never normalised;
 - fast path: the layout of Qwen3.5 (`qwen3_5_text.HYBRID_LAYOUT`: zero-centred norms, gated attention, GDN
-  over static states) with plain 1-D rotary positions (no mRoPE); `gdn_project` unpacks the fused projections as forward does;
+  over static states) with plain 1-D rotary positions (no mRoPE); `gdn_split` unpacks the fused projections' outputs as forward does;
 - MoE MLPs (512 experts, top-10 plus a shared expert); Qwen3-Coder has no thinking mode.
 """
 
@@ -30,14 +30,19 @@ class Qwen3NextAdapter(HybridGDNAdapter):
     notes = "hybrid Gated-DeltaNet (Coder-Next): exact GDN rollback; unusual taps kept as published"
     registry_shape = {"gdn_every": 4}  # 3 Gated-DeltaNet layers, then 1 full attention
 
-    static_layout = dataclasses.replace(HYBRID_LAYOUT, rotary_axes=0)  # a plain (1-D) rotary embedding
+    static_layout = dataclasses.replace(
+        HYBRID_LAYOUT,
+        rotary_axes=0,  # a plain (1-D) rotary embedding
+        linear=dataclasses.replace(HYBRID_LAYOUT.linear, in_proj=("in_proj_qkvz", "in_proj_ba")),
+    )
 
     def gdn_inputs(self, gdn: Any, seen: dict[str, Any]) -> tuple[Any, Any, Any]:
         mixed, _z, b, a = _unpack(gdn, seen["in_proj_qkvz"], seen["in_proj_ba"])
         return mixed, a, b  # a, b: [B, T, Hv]
 
-    def gdn_project(self, gdn: Any, x: Any) -> tuple[Any, Any, Any, Any]:
-        return _unpack(gdn, gdn.in_proj_qkvz(x), gdn.in_proj_ba(x))
+    def gdn_split(self, gdn: Any, outs: tuple[Any, ...]) -> tuple[Any, Any, Any, Any]:
+        qkvz, ba = (y.contiguous() for y in outs)  # column slices of one GEMM; the unpacking views them
+        return _unpack(gdn, qkvz, ba)
 
 
 def _unpack(gdn: Any, qkvz: Any, ba: Any) -> tuple[Any, Any, Any, Any]:

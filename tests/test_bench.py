@@ -45,7 +45,9 @@ def _tiny_record(**kw):
     return B.run_bench(sub, opts, ["test"])
 
 
-def test_bench_record_schema_and_projection():
+def test_bench_record_schema_and_projection(monkeypatch):
+    monkeypatch.setenv("DFLASH_ZOO_MOE_ROWS", "4")  # an engine switch: named in the record
+    monkeypatch.setenv("DFLASH_ZOO_HOME", "/nowhere")  # where records go: not a switch
     rec = _tiny_record(what_if_acceptance=2.5)
     assert rec["schema"] == B.SCHEMA and rec["kind"] == "projection"
     assert rec["projection"]["what_if_acceptance"] == 2.5
@@ -78,6 +80,7 @@ def test_bench_record_schema_and_projection():
     prov = rec["provenance"]
     assert prov["argv"] == ["test"] and {"torch", "transformers"} <= set(prov["versions"])
     assert "commit" in prov["git"] and "gpu" in prov
+    assert prov["environment"] == {"DFLASH_ZOO_MOE_ROWS": "4"}
     json.dumps(rec)  # serialisable as is
 
 
@@ -128,6 +131,20 @@ def test_bench_cli_table_names_the_kernels(tmp_path, monkeypatch):
     assert "autoregressive" in result.stdout and "dflash" in result.stdout
     assert "fast: compile 0.0 s, graph capture 0.0 s" in result.stderr
     assert "fast: attention sdpa (one row) / sdpa (blocks), split-K GEMV off" in result.stderr
+
+
+def test_bench_cli_profile_times_each_step(tmp_path, monkeypatch):
+    """--profile: the record holds each fast step's device time and the drafter's share; stderr says them."""
+    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path))
+    args = ["bench", "--shape", "tiny-qwen3", "--prompt-tokens", "6", "--new-tokens", "8", "--warmup", "0"]
+    args += ["--repeats", "1", "--device", "cpu", "--path", "fast", "--profile", "--out", str(tmp_path / "r.json")]
+    result = CliRunner().invoke(cli, args, env={"COLUMNS": "120", "NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    prof = json.loads((tmp_path / "r.json").read_text())["results"]["fast"]["profile"]
+    assert prof["replays"] >= 1 and 0 < prof["drafter_share"]
+    assert prof["drafter_share"] == prof["drafter"]["ms_per_step"] / prof["spec"]["ms_per_step"]
+    assert prof["draft_share"] == prof["draft"]["ms_per_step"] / prof["spec"]["ms_per_step"]
+    assert "device time a step: ar " in result.stderr and "of a DFlash step the drafter takes" in result.stderr
 
 
 def test_bench_cli_usage_errors():

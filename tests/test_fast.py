@@ -100,6 +100,30 @@ def test_forced_acceptance_rollback_agrees(model_type):
     assert len(fast.output_ids) == len(eager.output_ids) == cfg.max_new_tokens
 
 
+def test_profiling_replays_run_the_real_steps_and_leave_the_engine_as_it_was():
+    """`replays` (bench --profile): the draft step is the spec step's drafter part, spec and AR replays
+    commit one position each, and a generation afterwards equals one before."""
+    from dflash_zoo.bench.profile import profile_steps
+
+    adapter, drafter = _pair("qwen3")
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    prompt, cfg = _prompts(1)[0], GenerationConfig(max_new_tokens=12)
+    before = eng.speculative(prompt, cfg)
+    eng.replays(prompt, cfg, "draft")(2)
+    assert eng.out[1:BLOCK].tolist() == before.steps[0].proposed  # the first step's full-block draft
+    run = eng.replays(prompt, cfg, "spec")  # prefill, then one step captured (here: run) with nothing accepted
+    run(3)
+    assert int(eng.pos) == len(prompt) + 4 and int(eng.force) == -1
+    with pytest.raises(ValueError, match="do not fit"):
+        run(eng.size)
+    prof = profile_steps(eng, prompt, cfg, replays=5)
+    assert prof["replays"] == 5 and set(prof) >= {"ar", "spec", "draft", "drafter", "drafter_share", "draft_share"}
+    assert all(prof[k]["ms_per_step"] > 0 for k in ("ar", "spec", "draft", "drafter"))
+    after = eng.speculative(prompt, cfg)
+    assert after.output_ids == before.output_ids
+    assert [s.proposed for s in after.steps] == [s.proposed for s in before.steps]
+
+
 def test_engine_is_reusable_and_stops():
     adapter, drafter = _pair("qwen3")
     eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)

@@ -8,13 +8,14 @@ On CPU the kernels run under Triton's interpreter (`TRITON_INTERPRET=1`, numpy),
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from dflash_zoo.cuda import fused_ops, kernels
+from dflash_zoo.cuda import fused_ops, gemv, kernels
 from dflash_zoo.cuda.attention import _group_mask, _grouped_sdpa, _grouped_split
 from dflash_zoo.cuda.fast import FastEngine
 from dflash_zoo.engine.results import GenerationConfig
@@ -108,7 +109,7 @@ def test_chunking_covers_every_key_in_whole_tiles(keys, heads, sms):
 GEMV_SHAPES = [(100, 300), (64, 1000), (6, 40)]
 
 
-@pytest.mark.parametrize("config", kernels.GEMV_CONFIGS, ids=str)
+@pytest.mark.parametrize("config", gemv.GEMV_CONFIGS, ids=str)
 def test_gemv_equals_linear_for_every_config(interpret, config):
     """Every tile configuration the CUDA tuner may pick: fp32 W x + b, and W (silu(gate) * x) + b."""
     gen = torch.Generator().manual_seed(0)
@@ -117,10 +118,42 @@ def test_gemv_equals_linear_for_every_config(interpret, config):
         w, bias = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
         close = dict(atol=1e-4, rtol=1e-4)  # fp32 sums of up to 1,000 terms, in another order than torch's
         torch.testing.assert_close(
-            kernels._gemv_launch(x, w, bias, None, config), F.linear(x, w, bias), **close
+            gemv._gemv_launch(x, w, bias, None, config), F.linear(x, w, bias), **close
         )
         want = F.linear(F.silu(gate) * x, w, bias)  # e.g. Llama's mlp_bias on the down projection
-        torch.testing.assert_close(kernels._gemv_launch(x, w, bias, gate, config), want, **close)
+        torch.testing.assert_close(gemv._gemv_launch(x, w, bias, gate, config), want, **close)
+
+
+@pytest.mark.parametrize("config", gemv.GEMM_CONFIGS, ids=str)
+def test_few_row_gemm_equals_linear_for_every_config(interpret, config):
+    """2..16 rows on the tensor-core kernel, every config the tuner may pick (one K slice writing the output,
+    or partial sums and the sum kernel): fp32 x W^T + b, and silu(gate) * up over the strided halves of one
+    projection, as `F.linear` (rows padded to 16 inside; a padded row must not leak)."""
+    gen = torch.Generator().manual_seed(8)
+    close = dict(atol=1e-4, rtol=1e-4)
+    for rows, (n, k) in [(5, (72, 300)), (16, (200, 1000))]:
+        x = torch.randn(1, rows, k, generator=gen)
+        w, bias = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+        torch.testing.assert_close(gemv._gemv_launch(x, w, bias, None, config), F.linear(x, w, bias), **close)
+        gate, up = torch.randn(1, rows, 2 * k, generator=gen).split(k, dim=-1)  # row stride 2k
+        want = F.linear(F.silu(gate) * up, w, bias)
+        torch.testing.assert_close(gemv._gemv_launch(up, w, bias, gate, config), want, **close)
+        parts = gemv._gemv_parts(up, w, gate, config)  # [splits, rows, n]
+        torch.testing.assert_close(parts.sum(0) + bias, want[0], **close)
+    with pytest.raises(ValueError, match="at most 16 rows"):
+        gemv.gemv_parts(torch.randn(1, 17, 8), torch.randn(4, 8), None)
+
+
+def test_add_rms_norm_sums_few_row_parts(interpret):
+    """Partial sums of a 5-row GEMV as the residual's delta: each row adds its own rows' sums."""
+    gen = torch.Generator().manual_seed(9)
+    x, inp = torch.randn(1, 5, 64, generator=gen), torch.randn(1, 5, 300, generator=gen)
+    w, wd = torch.rand(64, generator=gen) + 0.5, torch.randn(64, 300, generator=gen)
+    parts = gemv._gemv_parts(inp, wd, None, (32, 64, 4, 4))
+    assert parts.shape[:2] == (parts.shape[0], 5) and parts.shape[0] > 1
+    total, y = fused_ops.add_rms_norm(x, parts, w, 1e-6, parts=True)
+    torch.testing.assert_close(total, x + F.linear(inp, wd), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(y, fused_ops.rms_norm(total, w, 1e-6))
 
 
 def test_gemv_rounds_the_fused_input_as_torch_does(interpret):
@@ -128,8 +161,8 @@ def test_gemv_rounds_the_fused_input_as_torch_does(interpret):
     gen = torch.Generator().manual_seed(1)
     x, gate = (torch.randn(1, 1, 512, generator=gen).half() for _ in range(2))
     w = torch.randn(64, 512, generator=gen).half()
-    fused = kernels.gemv(x, w, None, gate)
-    assert torch.equal(fused, kernels.gemv(F.silu(gate) * x, w, None, None))
+    fused = gemv.gemv(x, w, None, gate)
+    assert torch.equal(fused, gemv.gemv(F.silu(gate) * x, w, None, None))
     torch.testing.assert_close(
         fused.float(), F.linear((F.silu(gate) * x).float(), w.float()), atol=0.05, rtol=2e-3
     )
@@ -272,6 +305,33 @@ def test_rms_norm_kernel_equals_the_static_formula(interpret, dtype):
             assert (got != want).sum() <= 0.01 * want.numel()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("formula", [(False, 0.0), (True, 0.0), (True, 1.0)], ids=["llama", "fp32", "one-plus"])
+def test_add_rms_norm_is_the_add_then_the_norm(interpret, dtype, formula):
+    """The residual add rounded as torch's, then each norm formula on the sum; with a GEMV's partial sums (and a
+    bias) as the delta, the sum is `gemv.gemv`'s output. A wrong delta row or a missing split fails."""
+    fp32, offset = formula
+    gen = torch.Generator().manual_seed(4)
+    n = 100  # a partial tile
+    x, delta = ((torch.randn(1, 3, n, generator=gen) * 3).to(dtype) for _ in range(2))
+    w = (torch.rand(n, generator=gen) + 0.5).to(dtype)
+    tol = 1e-6 if dtype == torch.float32 else 2e-3
+    total, y = fused_ops.add_rms_norm(x, delta, w, 1e-6, fp32, offset)
+    assert torch.equal(total, x + delta)
+    torch.testing.assert_close(y, fused_ops.rms_norm(x + delta, w, 1e-6, fp32, offset), atol=tol, rtol=tol)
+    row, k = x[:, :1], 300
+    inp, bias = torch.randn(1, 1, k, generator=gen).to(dtype), torch.randn(n, generator=gen).to(dtype)
+    wd = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+    parts = gemv._gemv_parts(inp, wd, None, (8, 128, 4, 4))  # several K slices
+    assert parts.shape[0] > 1
+    out = gemv._gemv_launch(inp, wd, bias, None, (8, 128, 4, 4))
+    total, y = fused_ops.add_rms_norm(row, parts, w, 1e-6, fp32, offset, parts=True, bias=bias)
+    torch.testing.assert_close(total, row + out, atol=tol, rtol=tol)
+    torch.testing.assert_close(y, fused_ops.rms_norm(row + out, w, 1e-6, fp32, offset), atol=tol, rtol=tol)
+    with pytest.raises(ValueError, match="not of rows like"):
+        fused_ops.add_rms_norm(x, parts, w, 1e-6, parts=True)
+
+
 def test_silu_mul_kernel_is_torch_on_strided_halves(interpret):
     """fp16, the two halves of one [rows, 2F] projection (strided rows): bitwise silu(gate) * up, rounded as
     torch rounds each op; F = 1,500 spans two column blocks."""
@@ -297,6 +357,25 @@ def test_fast_path_with_split_kernels_equals_eager(interpret, model_type):
     assert [s.proposed for s in fast.steps[:n]] == [s.proposed for s in eager.steps[:n]]
 
 
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_5_text"])
+def test_few_row_kernel_steps_equal_eager(interpret, model_type, monkeypatch):
+    """`DFLASH_ZOO_GEMV_ROWS=16`: the verify, draft and context projections of the target and the drafter (and
+    a hybrid's GDN input projections) run the few-row kernel; tokens and drafts stay the eager loop's (fp32)."""
+    monkeypatch.setenv("DFLASH_ZOO_GEMV_ROWS", "16")
+    adapter, drafter = _pair(model_type)
+    cfg = GenerationConfig(max_new_tokens=12)
+    flags = dict(decode_attention="split", block_attention="split", gemv=True, fused_ops=True)
+    eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, **flags)
+    prompt = _prompts(1)[0]
+    calls, real = [], gemv._gemv_parts
+    monkeypatch.setattr(gemv, "_gemv_parts", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    eager, fast = _eager(adapter, drafter, prompt, cfg), eng.speculative(prompt, cfg)
+    assert fast.output_ids == eager.output_ids
+    n = _full_block_steps(eager, cfg.max_new_tokens)
+    assert [s.proposed for s in fast.steps[:n]] == [s.proposed for s in eager.steps[:n]]
+    assert any(shape[-2] == 8 for shape in calls)  # block-wide rows went through the kernel
+
+
 def test_custom_ops_trace_under_torch_compile(interpret):
     """The ops' fake (meta) functions give the shapes the real ones do: `torch.compile` traces all five ops in
     one graph (aot_eager: dynamo, fake tensors and functionalization, then eager kernels) with the same result
@@ -312,7 +391,7 @@ def test_custom_ops_trace_under_torch_compile(interpret):
     def step(qkv, k, v, gmask, w, gate, scale):  # attention [1, 1, 64], a SwiGLU-style down projection to 24
         q = fused_ops.rope_store(qkv, None, None, cos, sin, pos, k, v, 4, 1e-6)  # [4, 1, 16]; k, v row 30 set
         att = fused_ops.rms_norm(_grouped_split(q[None], k[None], v[None], gmask, 0.25), w[0], 1e-6)
-        out = kernels.gemv(att, w, None, fused_ops.silu_mul(gate, att))
+        out = gemv.gemv(att, w, None, fused_ops.silu_mul(gate, att))
         return out * scale  # a [1, 1, 24] operand: a wrong fake shape fails the trace
 
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
@@ -409,14 +488,14 @@ def test_rms_norm_and_silu_mul_bf16_on_cuda():
 def test_gemv_bf16_on_cuda_is_tuned_and_close():
     """The tuner times every config once per shape; the fused SiLU input is rounded as torch's; the result is
     as close to fp32 as cuBLAS's bf16 GEMV is."""
-    for n, k in [(4096, 12288), (4096, 4096), (100, 300)]:
-        x, gate = (torch.randn(1, 1, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for rows, (n, k) in itertools.product((1, 16), [(4096, 12288), (4096, 4096), (100, 300)]):
+        x, gate = (torch.randn(1, rows, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
         inp = F.silu(gate) * x
         ref = F.linear(inp.float(), w.float())
-        out = kernels.gemv(x, w, None, gate)
-        config = kernels._tuned[((n, k), torch.bfloat16, True, x.device)]
-        assert torch.equal(out, kernels._gemv_launch(inp, w, None, None, config))  # same tiles, same sums
+        out = gemv.gemv(x, w, None, gate)
+        config = gemv._tuned[((n, k), torch.bfloat16, True, False, rows, x.device)]
+        assert torch.equal(out, gemv._gemv_launch(inp, w, None, None, config))  # same tiles, same sums
         assert (out.float() - ref).abs().max() <= (F.linear(inp, w).float() - ref).abs().max() + 2**-6
 
 
@@ -443,3 +522,70 @@ def test_fp32_weight_and_gated_norms_bf16_on_cuda():
         x = torch.randn(16, 4096, device="cuda").to(torch.bfloat16) * 3
         got = _Norms(0.0, fast=False, kernel=True, formula=formula)(module, x)
         assert (got.float() - module(x).float()).abs().max() <= 2**-6 * module(x).float().abs().max()
+
+
+def _nucleus_reference(p: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The rule by its definition: token i stays when the mass strictly above p_i is below top_p."""
+    above = torch.stack([(row[None, :] * (row[None, :] > row[:, None])).sum(-1) for row in p])  # [R, V]
+    return torch.where(above < top_p, p, torch.zeros_like(p))
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.95, 0.999])
+def test_nucleus_kernel_and_sorted_rule_keep_the_defined_set(interpret, top_p):
+    """The sort-free CUDA kernel and the CPU path keep exactly the tokens the rule names, ties together
+    (logits rounded to halves make tie groups that straddle the top_p boundary)."""
+    from dflash_zoo.cuda.nucleus import nucleus_mask
+    from dflash_zoo.engine.sampling import nucleus
+
+    gen = torch.Generator().manual_seed(5)
+    for vocab in (300, 2500):  # one chunk per row, and several
+        x = (torch.randn(6, vocab, generator=gen) * 2).mul(2).round().div(2)
+        x[0] = 0.0  # one row of all ties: everything stays
+        p = x.softmax(-1)
+        want = _nucleus_reference(p, top_p)
+        kept = nucleus_mask(p, top_p)
+        assert torch.equal(kept > 0, want > 0) and torch.equal(kept, want)
+        assert (kept[0] > 0).all() and ((want > 0).sum(-1) >= 1).all()
+        cpu = nucleus(p, top_p)
+        assert torch.equal(cpu > 0, want > 0)
+        torch.testing.assert_close(cpu, want / want.sum(-1, keepdim=True))
+    with pytest.raises(ValueError, match="fp32"):
+        nucleus_mask(p.half(), 0.9)
+
+
+@pytest.mark.gpu
+@CUDA
+def test_add_rms_norm_and_gemv_parts_bf16_on_cuda():
+    """bf16 on the GPU: the fused residual add is torch's add bitwise; the norm and the summed partials of a
+    tuned GEMV are within a rounding of `rms_norm` over `gemv`'s output."""
+    gen = torch.Generator("cuda").manual_seed(6)
+    n, k = 4096, 12288
+    x, delta = (torch.randn(1, 16, n, generator=gen, device="cuda").bfloat16() for _ in range(2))
+    w = (torch.rand(n, generator=gen, device="cuda") + 0.5).bfloat16()
+    total, y = fused_ops.add_rms_norm(x, delta, w, 1e-6)
+    assert torch.equal(total, x + delta)
+    want = fused_ops.rms_norm(x + delta, w, 1e-6)
+    assert ((y.float() - want.float()).abs() <= 2**-7 * want.float().abs() + 1e-6).all()
+    row, up, gate = (torch.randn(1, 1, s, generator=gen, device="cuda").bfloat16() for s in (n, k, k))
+    wd = (torch.randn(n, k, generator=gen, device="cuda") / k**0.5).bfloat16()
+    parts = gemv.gemv_parts(up, wd, gate)
+    total, y = fused_ops.add_rms_norm(row, parts, w, 1e-6, parts=True)
+    ref = row + gemv._gemv_launch(up, wd, None, gate, gemv._tuned[((n, k), torch.bfloat16, True, True, 1, row.device)])
+    assert ((total.float() - ref.float()).abs() <= 2**-7 * ref.float().abs() + 1e-6).all()
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("top_p", [0.5, 0.95])
+def test_nucleus_on_cuda_keeps_the_sorted_rule_set(top_p):
+    """16 rows of a 151,936-token vocabulary on the GPU: the sort-free kernel keeps the set the sorted CPU
+    rule keeps, for peaked and for nearly flat rows."""
+    from dflash_zoo.engine.sampling import nucleus
+
+    gen = torch.Generator("cuda").manual_seed(7)
+    x = torch.randn(16, 151_936, generator=gen, device="cuda")
+    x[8:] *= 0.05  # nearly flat: the nucleus holds most of the vocabulary
+    p = (x * 4).softmax(-1)
+    got, want = nucleus(p, top_p), nucleus(p.cpu(), top_p)
+    assert torch.equal((got > 0).cpu(), want > 0)
+    torch.testing.assert_close(got.cpu(), want)

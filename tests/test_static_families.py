@@ -38,8 +38,12 @@ def _gdn_layer(model_type: str) -> tuple[StaticGDN, torch.nn.Module, int]:
 
 @pytest.mark.parametrize("model_type", HYBRID)
 @pytest.mark.parametrize("n", [1, 3, 5, 8])
-def test_gdn_commit_equals_stepping_the_accepted_rows(model_type, n):
+@pytest.mark.parametrize("recurrent", [False, True], ids=["closed-form", "recurrent"])
+def test_gdn_commit_equals_stepping_the_accepted_rows(model_type, n, recurrent):
+    """Both commit rules (the closed-form solve, and the recurrent rule over the block with the rows past n made
+    identity steps, which flash-linear-attention runs as one kernel) leave the states n single steps leave."""
     gdn, _, hidden = _gdn_layer(model_type)
+    gdn.recurrent_commit = recurrent
     gen = torch.Generator().manual_seed(n)
     prompt, block = (torch.randn(1, t, hidden, generator=gen) for t in (11, 8))
     with torch.inference_mode():

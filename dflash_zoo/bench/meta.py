@@ -14,6 +14,7 @@ Provenance: argv, git commit, package versions, GPU, registry entry (so a record
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import time
@@ -175,6 +176,10 @@ def _version(pkg: str) -> str | None:
         return None
 
 
+# environment variables that change what the fast engine runs (a record names those that were set)
+ENGINE_SWITCHES = ("DFLASH_ZOO_KERNELS", "DFLASH_ZOO_GEMV_ROWS", "DFLASH_ZOO_MOE_ROWS", "DFLASH_ZOO_FLA")
+
+
 def provenance(argv: list[str], device: torch.device) -> dict[str, Any]:
     """argv, git commit, package versions, GPU: everything needed to reproduce or distrust a number."""
     import transformers
@@ -200,6 +205,7 @@ def provenance(argv: list[str], device: torch.device) -> dict[str, Any]:
             "triton": _version("triton"),  # the fast path's kernels (kernels.py) on CUDA
         },
         "gpu": gpu,
+        "environment": {k: os.environ[k] for k in ENGINE_SWITCHES if k in os.environ},
         "host": platform.node(),
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

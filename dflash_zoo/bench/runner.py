@@ -27,7 +27,7 @@ import torch
 from dflash_zoo.bench import meta as benchmeta
 from dflash_zoo.bench.shapes import CODER_MOE, SHAPES, Shape, shape_target  # noqa: F401 (re-exported)
 from dflash_zoo.bench.shapes import shape_drafter as _random_drafter
-from dflash_zoo.cuda import kernels
+from dflash_zoo.cuda import gemv
 from dflash_zoo.engine.decode import EagerEngine
 from dflash_zoo.engine.results import GenerationConfig, GenerationResult
 from dflash_zoo.engine.run import Engine
@@ -51,6 +51,7 @@ class BenchOptions:
     temperature: float = 0.0  # > 0: speculative sampling (the acceptance rule named in the record)
     top_p: float = 1.0
     top_k: int = 0
+    profile: bool = False  # --profile: per-step device time and kernels of the fast path (bench/profile.py)
 
 
 @dataclass
@@ -235,7 +236,7 @@ def _engine_settings(eng: Any) -> dict[str, Any]:
         "decode_attention": eng.decode_attention,
         "block_attention": eng.block_attention,
         "gemv": eng.gemv,
-        "gemv_configs": kernels.tuned_configs() if eng.gemv else None,  # (rows, K tile, programs/SM, warps)
+        "gemv_configs": gemv.tuned_configs() if eng.gemv else None,  # (rows, K tile, programs/SM, warps)
         "fused_ops": eng.fused_ops,
     }
 
@@ -281,6 +282,10 @@ def run_bench(sub: Subject, opts: BenchOptions, argv: list[str] | None = None) -
             "capture_seconds": eng.capture_seconds if path == "fast" else None,
             "engine": _engine_settings(eng) if path == "fast" else None,
         }
+        if opts.profile and path == "fast":
+            from dflash_zoo.bench.profile import profile_steps
+
+            results[path]["profile"] = profile_steps(eng, sub.prompt, cfg)
     return {
         "schema": SCHEMA,
         "kind": "projection" if override else "measurement",

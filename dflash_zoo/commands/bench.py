@@ -27,6 +27,7 @@ Examples:
   dflash-zoo bench                                        # demo pair, its held-out stdlib files
   dflash-zoo bench --shape qwen3-8b --what-if-acceptance 6.5
   dflash-zoo bench --shape qwen3-8b --what-if-acceptance 6.5 --compile
+  dflash-zoo bench --shape qwen3.5-9b --what-if-acceptance 6.5 --profile   # time and kernels per step
   dflash-zoo bench qwen3-8b --prompt-tokens 512 --max-new-tokens 512
   dflash-zoo bench qwen3-8b --prompts prompts.jsonl --limit 20
   dflash-zoo bench --target Qwen/Qwen3-8B --draft z-lab/Qwen3-8B-DFlash-b16 --path eager --path fast
@@ -116,6 +117,11 @@ FIXED_PROMPT_TOKENS, FIXED_NEW_TOKENS = 512, 512  # one fixed prompt (or a rando
     type=click.FloatRange(min=1),
     default=None,
     help="Force this mean acceptance length (a projection: drafts are not checked).",
+)
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="Also time each fast-path step on the device (and on CUDA list its kernels): the drafter's share.",
 )
 @click.option(
     "--out",
@@ -298,6 +304,12 @@ def _print_table(record: dict) -> None:
     cols = ["path", "mode", "tok/s", "min-max", "speedup", "tau", "ttft ms", "peak mem", "roofline"]
     print_table(table(cols, rows, title=title))
     for path, r in record["results"].items():
+        if p := r.get("profile"):
+            steps = ", ".join(f"{k} {p[k]['ms_per_step']:.3f} ms" for k in ("ar", "spec", "draft", "drafter"))
+            info(
+                f"{path}: device time a step: {steps}; of a DFlash step the drafter takes "
+                f"{p['drafter_share']:.1%}, {p['draft_share']:.1%} with its logits"
+            )
         if r.get("capture_seconds") is not None:  # one-off costs, outside tok/s
             info(f"{path}: compile {r['compile_seconds']:.1f} s, graph capture {r['capture_seconds']:.1f} s")
         if (eng := r.get("engine")) and eng.get("gemv") is not None:  # which kernels the fast path ran

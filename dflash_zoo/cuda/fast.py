@@ -21,7 +21,7 @@ What differs from the eager loop, and why:
 - fewer kernels per step (static.py): fused q/k/v and gate/up weights, `F.rms_norm`, and optionally
   `torch.compile` (inductor, no cudagraphs) of the two step functions before capture; compile time is kept
   apart from capture time and from throughput (`compile_seconds`, `capture_seconds`). On CUDA with triton, the
-  attention of every step and the one-row o/down projections run our Triton kernels (kernels.py), measured
+  attention of every step and the one-row projections run our Triton kernels (kernels.py, gemv.py), measured
   fastest compiled or not, and so, uncompiled, does the elementwise work between GEMMs (fused_ops.py);
   without triton, compiled one-row steps use explicit sums over key chunks. One-row steps of sparse MoE
   blocks run their routed experts as one GEMV per chosen expert (moe.py).
@@ -30,13 +30,16 @@ only where their experts implementation does not sync with the host when graphs 
 sends everything else to the eager engine, and on CUDA also layouts not yet verified there unless asked.
 `cuda/graphs.py` runs, compiles and captures the steps. On CPU the same static steps run without graphs; tests
 compare them token for token with the eager engine (fp32).
+
+A little over the ~300 lines we aim for: the kernel defaults and the profiling replays (`replays`, for
+`bench --profile`) sit beside the steps they choose and run.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -122,7 +125,8 @@ class FastEngine(Engine):
         decode_attention: attention of the autoregressive step (`static.DECODE_ATTENTION`): "split" is the
             Triton kernel of kernels.py (CUDA only); "sums" and "chunks" are fast only when compiled.
         block_attention: attention of the verify and draft steps (`static.BLOCK_ATTENTION`).
-        gemv: the autoregressive step's o and down projections through the split-K Triton GEMV of kernels.py.
+        gemv: one-row projections (all of them; more rows with `DFLASH_ZOO_GEMV_ROWS`) through `gemv.gemv`,
+            the split-K Triton GEMV or cuBLAS, whichever was timed faster for the shape.
         fused_ops: the elementwise work between GEMMs (q/k norm + rotary + K/V writes, RMSNorms, SwiGLU
             products) through the Triton kernels of fused_ops.py.
         moe_rows: steps of at most this many rows run a sparse MoE block's routed experts through the expert
@@ -167,7 +171,7 @@ class FastEngine(Engine):
         self.target = StaticTarget(
             adapter, size, drafter.cfg.target_layer_ids, fuse, fast_norm, *kinds, self.block, self.moe_rows
         )
-        self.sdraft = StaticDrafter(drafter, size, fuse, fast_norm, self.block_attention, self.fused_ops)
+        self.sdraft = StaticDrafter(drafter, size, fuse, fast_norm, self.block_attention, self.fused_ops, self.gemv)
         dev, b = self.device, self.block
         self.pos = torch.zeros((), dtype=torch.long, device=dev)  # committed tokens in the target cache
         self.bonus = torch.zeros(1, dtype=torch.long, device=dev)  # last committed token, not yet verified
@@ -191,11 +195,27 @@ class FastEngine(Engine):
         return self.steps.compile_seconds
 
     # ---- the fixed-shape steps (one CUDA graph each per decoding mode) -------------------------------
-    def _spec_step(self, sampler: Sampler) -> None:
-        b, emb_of = self.block, self.adapter.embed
+    def _drafter(self) -> torch.Tensor:
+        """The drafter's forward over the block [bonus, mask, ...] -> its final states [1, B, H]."""
         self.blk[:, :1].copy_(self.bonus[None])
-        h = self.sdraft.draft(emb_of(self.blk), self.pos)  # [1, B, H]
-        drafts, q = sampler.propose(self.adapter.logits(h[0, 1:].to(self.vtaps.dtype)), self.gen)  # [B-1]
+        return self.sdraft.draft(self.adapter.embed(self.blk), self.pos)
+
+    def _draft(self, sampler: Sampler) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The drafter's part of a step: drafts [B-1] and their distribution (None when greedy)."""
+        h = self._drafter()  # [1, B, H]
+        return sampler.propose(self.adapter.logits(h[0, 1:].to(self.vtaps.dtype)), self.gen)  # [B-1]
+
+    def _draft_step(self, sampler: Sampler) -> None:
+        """The drafter's part alone, as a step of its own (`replays`, for profiling)."""
+        self.out[1 : self.block].copy_(self._draft(sampler)[0])
+
+    def _drafter_step(self, sampler: Sampler) -> None:
+        """The drafter's forward alone, without the draft logits (`replays`, for profiling)."""
+        self._drafter()
+
+    def _spec_step(self, sampler: Sampler) -> None:
+        b = self.block
+        drafts, q = self._draft(sampler)
         verify = torch.cat([self.bonus, drafts])[None]  # [1, B]
         logits = self.target.forward(verify, self.pos, self.vtaps)[0]  # [B, V]
         na, nxt = sampler.accept(drafts, q, logits, self.gen, self.force)  # 0-d, [1]
@@ -214,8 +234,34 @@ class FastEngine(Engine):
         self.pos.add_(1)
 
     def _run_step(self, name: str, sampler: Sampler) -> None:
-        fn = self._spec_step if name == "spec" else self._ar_step
+        steps = {"spec": self._spec_step, "ar": self._ar_step, "draft": self._draft_step, "drafter": self._drafter_step}
+        fn = steps[name]
         self.steps.run((name, sampler), lambda: partial(fn, sampler))
+
+    def replays(self, prompt_ids: list[int], cfg: GenerationConfig, step: str) -> Callable[[int], None]:
+        """For profiling: after a prefill of `prompt_ids`, a function that runs `step` n times back to back
+        with no host work in between (graph replays on CUDA). `step`: "spec", "ar", "draft" (the drafter's
+        part of a spec step alone: its forward, the draft logits and the drafts) or "drafter" (its forward
+        alone). Spec steps accept nothing, so each advances one position; the prompt plus
+        n must fit the engine's buffers."""
+        cfg = self._fit(prompt_ids, cfg)
+        sampler = sampler_of(cfg)
+        with torch.inference_mode():
+            self._prefill(prompt_ids, taps=step != "ar", sampler=sampler)
+            self.force.fill_(0)
+            self._run_step(step, sampler)  # built and captured here, not in the timed replays
+            self.force.fill_(-1)
+
+        def run(n: int) -> None:
+            if int(self.pos) + n + self.block > self.size:
+                raise ValueError(f"{n} more replays do not fit this engine's buffers")
+            self.force.fill_(0)
+            with torch.inference_mode():
+                for _ in range(n):
+                    self._run_step(step, sampler)
+            self.force.fill_(-1)
+
+        return run
 
     # ---- whole generations ---------------------------------------------------------------------------
     def _speculative(self, prompt_ids, cfg, accept_override, prefill_inputs) -> Generation:

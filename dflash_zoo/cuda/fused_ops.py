@@ -3,13 +3,15 @@
 Why: in a CUDA-graphed step every kernel costs ~2 us whatever it does, and at several rows (a 16-row verify or
 draft) the views out of a fused projection are strided, so torch runs the small ops through its generic,
 non-vectorised path. Profiled on the demo pair on an H200 (docs/performance.md), 193 such kernels took 389 of
-a DFlash step's 841 us of kernel time. Three kernels take their place:
+a DFlash step's 841 us of kernel time. Four kernels take their place:
 - `rope_store`: a layer's q/k/v rows from one fused projection -> q RMSNorm'd and rotated; k the same and
   written into the K cache; v written into the V cache (~16 kernels a layer: two norms, two weight products,
   rotate_half's negation and concatenation, three products, a sum, two index copies);
 - `rms_norm`: `weight * rms_norm(x)` (torch's norm kernel plus a broadcast product), or the fp32-weight
   formulas of gpt-oss, Gemma 4 and Qwen3.5 (~7 kernels of their norm modules);
-- `silu_mul`: `silu(gate) * up` over the strided halves of a fused gate/up projection.
+- `silu_mul`: `silu(gate) * up` over the strided halves of a fused gate/up projection;
+- `add_rms_norm`: a residual add and the next norm (or a one-row GEMV's partial sums, summed, then both): the
+  sublayer output is added where it is made, not in a separate kernel, and the norm reads the sum once.
 Each op is rounded to the dtype where torch rounds it (the norm to the dtype, then the weight product; each
 rotary product, then their sum; SiLU, then the product), so in fp16 they equal the torch ops bitwise except
 where a norm's fp32 sum, added in another order, differs in its last bit.
@@ -86,6 +88,32 @@ def _kernels():
         tl.store(Y + row * n + d, y, mask=ok)
 
     @triton.jit
+    def add_rms_norm(X, Dl, B, W, S, Y, n, splits, eps, offset, D: tl.constexpr, FP32_WEIGHT: tl.constexpr,
+                     PARTS: tl.constexpr, BIAS: tl.constexpr):  # fmt: skip
+        row, d = tl.program_id(0), tl.arange(0, D)
+        ok = d < n
+        x = tl.load(X + row * n + d, mask=ok, other=0.0)
+        if PARTS:  # a split-K GEMV's fp32 partial sums [splits, rows, n]: added in order, plus bias, rounded
+            acc = tl.zeros([D], tl.float32)
+            for sp in range(splits):
+                acc += tl.load(Dl + (sp * tl.num_programs(0) + row) * n + d, mask=ok, other=0.0)
+            if BIAS:
+                acc += tl.load(B + d, mask=ok, other=0.0).to(tl.float32)
+            delta = acc.to(x.dtype)
+        else:
+            delta = tl.load(Dl + row * n + d, mask=ok, other=0.0)
+        s = (x.to(tl.float32) + delta.to(tl.float32)).to(x.dtype)  # the residual sum, rounded as torch's add
+        tl.store(S + row * n + d, s, mask=ok)
+        sf = s.to(tl.float32)
+        r = 1.0 / tl.sqrt(tl.sum(sf * sf, 0) / n + eps)
+        w = tl.load(W + d, mask=ok, other=0.0).to(tl.float32)
+        if FP32_WEIGHT:
+            y = (sf * r * (w + offset)).to(x.dtype)
+        else:
+            y = ((sf * r).to(x.dtype).to(tl.float32) * w).to(x.dtype)
+        tl.store(Y + row * n + d, y, mask=ok)
+
+    @triton.jit
     def silu_mul(G, U, Y, n, g_stride, u_stride, BLOCK: tl.constexpr):
         row, cols = tl.program_id(0), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = cols < n
@@ -95,7 +123,7 @@ def _kernels():
         a = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)  # silu, rounded as torch's
         tl.store(Y + row * n + cols, (a.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=ok)
 
-    return rope_store, rms_norm, silu_mul
+    return rope_store, rms_norm, silu_mul, add_rms_norm
 
 
 @torch.library.custom_op("dflash_zoo::rope_store", mutates_args=("k_cache", "v_cache"))
@@ -182,3 +210,35 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 @silu_mul.register_fake
 def _(gate, up):
     return gate.new_empty(gate.shape)
+
+
+@torch.library.custom_op("dflash_zoo::add_rms_norm", mutates_args=())
+def add_rms_norm(
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    fp32_weight: bool = False,
+    offset: float = 0.0,
+    parts: bool = False,
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., n] + delta -> (the sum [..., n], its RMSNorm as `rms_norm` computes it). delta is [..., n] like
+    x, or with `parts` the fp32 partial sums [splits, rows, n] of a few-row GEMV (`gemv.gemv_parts`), added
+    in order with `bias` and rounded to x's dtype first, as `gemv.gemv` would return them."""
+    n = x.shape[-1]
+    x, weight, delta = x.contiguous(), weight.contiguous(), delta.contiguous()
+    if parts and delta[0].numel() != x.numel():
+        raise ValueError(f"partial sums {list(delta.shape)} are not of rows like {list(x.shape)}")
+    total, y = torch.empty_like(x), torch.empty_like(x)
+    d = _pow2(n)
+    _kernels()[3][(x.numel() // n,)](
+        x, delta, bias if bias is not None else weight, weight, total, y, n, delta.shape[0] if parts else 1, eps,
+        offset, D=d, FP32_WEIGHT=fp32_weight, PARTS=parts, BIAS=bias is not None, num_warps=4 if d <= 2048 else 8,
+    )  # fmt: skip
+    return total, y
+
+
+@add_rms_norm.register_fake
+def _(x, delta, weight, eps, fp32_weight=False, offset=0.0, parts=False, bias=None):
+    return torch.empty_like(x), torch.empty_like(x)

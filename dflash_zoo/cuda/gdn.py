@@ -5,9 +5,10 @@ A GDN layer carries two states instead of K/V rows: the last K-1 inputs of its c
 position counter, so a verify step leaves them untouched and `commit(n)` moves them past the first n verified
 rows once the acceptance is known, on device, at fixed shapes:
 - conv window: the K-1 inputs ending at row n, gathered from the verify's conv input at tensor positions;
-- recurrent state: the delta rule over the n accepted rows from the pre-verify state, in closed form
-  (`gated_delta_final_state`, the same solve as the eager engine's recompute rollback); the rows past n get
-  beta 0 and decay 1, which makes them identity steps, so the shape never depends on n.
+- recurrent state: the delta rule over the n accepted rows from the pre-verify state: with
+  flash-linear-attention its fused recurrent kernel (one launch), else in closed form
+  (`gated_delta_final_state`, the same solve as the eager engine's recompute rollback, ~25 kernels); the rows
+  past n get beta 0 and decay 1, which makes them identity steps, so the shape never depends on n.
 No replay forward, no host sync: the whole step can be a CUDA graph.
 
 The delta rule itself runs through flash-linear-attention's Triton kernels when that package is installed
@@ -59,12 +60,21 @@ class StaticGDN:
     """One GDN layer: prefill (from a zero state), one-row steps (state moves on), verify + `commit`."""
 
     def __init__(
-        self, gdn: nn.Module, parts: tuple[nn.Module, nn.Module, nn.Module], project: Callable, kernel: bool = False
+        self,
+        gdn: nn.Module,
+        parts: tuple[nn.Module, nn.Module, nn.Module, tuple[nn.Linear, ...]],
+        split: Callable,
+        kernel: bool = False,
+        fuse: bool = True,
+        gemv: bool = False,
     ):
-        self.gdn, (self.conv1d, self.gated_norm, self.out_proj) = gdn, parts
+        from dflash_zoo.cuda.static import FusedLinear  # static.py imports this module
+
+        self.gdn, (self.conv1d, self.gated_norm, self.out_proj, projections) = gdn, parts
+        # the input projections as one GEMM (views of its output); the adapter splits them (`gdn_split`)
+        self.in_proj, self.split = FusedLinear(list(projections), fuse, gemv), split
         # the gated norm (Llama-formula norm times silu(z)) in one kernel (`fused_ops.rms_norm` with a gate)
         self.norm_kernel = kernel and getattr(self.gated_norm, "activation", None) == "silu"
-        self.project = project  # (gdn, x [1, T, H]) -> (conv input [1, T, C], z [1, T, Hv, Dv], b, a [1, T, Hv])
         self.k_size = self.conv1d.kernel_size[0]
         channels = self.conv1d.in_channels
         w = self.conv1d.weight  # [C, 1, K]
@@ -72,6 +82,8 @@ class StaticGDN:
         hv, dk, dv = gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim
         self.state = torch.zeros(1, hv, dk, dv, device=w.device, dtype=torch.float32)
         self.chunk_rule, self.recurrent_rule, self.kernels = delta_rule_kernels(gdn, w.device)
+        # commit through the recurrent rule where it is one kernel (flash-linear-attention), else the closed form
+        self.recurrent_commit = self.kernels == "flash-linear-attention"
         self._pending: tuple[torch.Tensor, ...] | None = None  # the last verify's (conv input, k, v, g, beta)
 
     def states(self) -> list[torch.Tensor]:
@@ -82,7 +94,8 @@ class StaticGDN:
         """x [1, T, H] -> [1, T, H]. mode: "prefill" (T prompt rows from position 0), "step" (one committed
         row: the states move on) or "verify" (states kept; `commit` moves them)."""
         g_mod, t = self.gdn, x.shape[1]
-        mixed, z, b, a = self.project(g_mod, x)
+        # conv input [1, T, C], z [1, T, Hv, Dv], b and a [1, T, Hv]
+        mixed, z, b, a = self.split(g_mod, self.in_proj(x))
         window = torch.zeros_like(self.window) if mode == "prefill" else self.window
         conv_in = torch.cat([window, mixed.transpose(1, 2).to(window.dtype)], dim=-1)  # [1, C, K-1+T]
         w = self.conv1d.weight
@@ -122,6 +135,15 @@ class StaticGDN:
         conv_in, k, v, g, beta = self._pending
         t = k.shape[1]
         self.window.copy_(conv_in.index_select(-1, n + torch.arange(self.k_size - 1, device=n.device)))
+        self._pending = None
+        if self.recurrent_commit:  # the rows past n are identity steps (beta 0, log decay 0), as below
+            keep = (torch.arange(t, device=n.device) < n)[None, :, None]  # [1, T, 1]
+            _, final = self.recurrent_rule(
+                k, k, v, g=g * keep, beta=beta * keep, initial_state=self.state, output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+            )  # the output (k stands in for q) is not used
+            self.state.copy_(final)
+            return
         keep = (torch.arange(t, device=n.device) < n).float()[None, :, None]  # [1, T, 1]
         k = k.float()
         k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)  # the kernels' l2 norm of the keys
@@ -130,5 +152,4 @@ class StaticGDN:
         # rows past n: beta 0 and log decay 0 leave the state as it is (identity steps), at a fixed shape
         g, beta = ((y.float() * keep).transpose(1, 2) for y in (g, beta))  # [1, Hv, T]
         self.state.copy_(gated_delta_final_state(self.state, k, v, g, beta))
-        self._pending = None
 

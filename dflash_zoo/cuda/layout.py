@@ -46,7 +46,8 @@ class LayerModules(NamedTuple):
     sinks: torch.Tensor | None  # [heads] per-head sink logits; None: none
     output_gate: bool  # q_proj emits [query | gate] per head; the output is attn * sigmoid(gate)
     gdn: nn.Module | None  # a linear-attention layer's GDN module
-    gdn_parts: tuple[nn.Module, nn.Module, nn.Module] | None  # its (conv1d, gated norm, out_proj)
+    # its (conv1d, gated norm, out_proj, input projections in `gdn_split`'s order)
+    gdn_parts: tuple[nn.Module, nn.Module, nn.Module, tuple[nn.Linear, ...]] | None
     mlp: nn.Module  # the MLP module; a sparse MoE block (gate is None) runs as this module
     gate: nn.Linear | None
     up: nn.Linear | None
@@ -150,12 +151,13 @@ def _linear_attention(adapter: TargetAdapter, layout: StaticLayout, layer: nn.Mo
     parts = (_lookup(adapter, gdn, ln.conv1d, gw), _lookup(adapter, gdn, ln.norm, gw))
     for name in (ln.a_log, ln.dt_bias):
         _lookup(adapter, gdn, name, gw)
-    if not callable(getattr(adapter, "gdn_project", None)):
+    if not callable(getattr(adapter, "gdn_split", None)):
         raise UnsupportedModelError(
-            f"the {_name(adapter)} adapter declares linear-attention layers but no `gdn_project`",
-            hint=f"add gdn_project(gdn, x) -> (conv input, z, b, a) to {type(adapter).__module__}",
+            f"the {_name(adapter)} adapter declares linear-attention layers but no `gdn_split`",
+            hint=f"add gdn_split(gdn, in_proj outputs) -> (conv input, z, b, a) to {type(adapter).__module__}",
         )
-    return dict(gdn=gdn, gdn_parts=(*parts, _linear(adapter, gdn, ln.out_proj, gw)))
+    projections = tuple(_linear(adapter, gdn, name, gw) for name in ln.in_proj)
+    return dict(gdn=gdn, gdn_parts=(*parts, _linear(adapter, gdn, ln.out_proj, gw), projections))
 
 
 def _layer(adapter: TargetAdapter, layout: StaticLayout, i: int, kind: str, layer: nn.Module) -> LayerModules:

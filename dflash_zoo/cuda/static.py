@@ -16,9 +16,10 @@ Fewer kernels per layer (each costs ~2.5 us inside a graph on an H200, docs/perf
   modules' own weights become views into the fused tensor, so memory does not grow and HF's forward still works;
 - `fast_norm=True`: RMSNorm as `weight * F.rms_norm(x)`: bit-identical to HF's Qwen3/Llama RMSNorm on CPU in
   fp32 and bf16 (the weight multiply stays outside, in the input dtype, as HF does), in 2 kernels instead of ~7.
-- `"split"` attention and `gemv=True`: the Triton kernels of kernels.py (split-KV attention for any step, a
-  split-K GEMV for one-row o and down projections); `fused_ops=True`: those of fused_ops.py (q/k norm + rotary +
-  K/V write, RMSNorm with its weight, SiLU-gated product: one kernel each).
+- `"split"` attention and `gemv=True`: the Triton kernels of kernels.py and gemv.py (split-KV attention for any
+  step, a split-K GEMV, timed against cuBLAS, for one-row projections); `fused_ops=True`: those of fused_ops.py (q/k
+  norm + rotary + K/V write, RMSNorm with its weight, SiLU-gated product: one kernel each), and each residual
+  add inside the next norm's kernel (`_Norms.add`), which also sums a one-row o / down GEMV's partial sums.
 
 Longer than the ~300 lines we aim for: the static target and drafter forwards share their norm and projection
 helpers, and the target's layer recipe covers every declared family.
@@ -33,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_zoo.cuda import fused_ops, kernels, moe
+from dflash_zoo.cuda import fused_ops, moe
+from dflash_zoo.cuda import gemv as gemv_ops
 from dflash_zoo.cuda.attention import BLOCK_ATTENTION, DECODE_ATTENTION, _group_mask, _grouped_sinks
 from dflash_zoo.cuda.gdn import StaticGDN
 from dflash_zoo.cuda.layout import graph_unsafe_reason, layout_reason, resolve
@@ -89,9 +91,10 @@ class FusedLinear:
     inference mode, so the modules stay trainable (gradients reach each view Parameter).
     """
 
-    def __init__(self, linears: list[nn.Linear], fuse: bool = True):
+    def __init__(self, linears: list[nn.Linear], fuse: bool = True, gemv: bool = False):
         self.sizes = [m.out_features for m in linears]
         self.linears = None if fuse else linears
+        self.gemv = gemv and fuse  # few rows through `gemv_ops.gemv` (its kernels or cuBLAS, as timed faster)
         self.weight = self.bias = None
         if fuse:
             with torch.inference_mode(False), torch.no_grad():
@@ -107,6 +110,8 @@ class FusedLinear:
         """x [..., in] -> [..., sum(out_j)]: the outputs side by side (one GEMM when fused)."""
         if self.linears is not None:
             return torch.cat([m(x) for m in self.linears], dim=-1)
+        if self.gemv and x.numel() // x.shape[-1] <= gemv_ops.max_rows():
+            return gemv_ops.gemv(x, self.weight, self.bias, None)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -133,6 +138,57 @@ class _Norms:
         # HF: weight * (x.float() * rsqrt(mean(x^2) + eps)).to(dtype); rms_norm without a weight returns that
         # cast value, and the weight multiply stays in the input dtype (folding it in would round differently)
         return module.weight * F.rms_norm(x, x.shape[-1:], eps=self.eps)
+
+    def fuses(self, module: nn.Module | None, dtype: torch.dtype) -> bool:
+        """Whether `add` runs as one kernel for this norm module and dtype."""
+        weight = getattr(module, "weight", None)
+        return self.kernel and weight is not None and weight.dtype == dtype
+
+    def add(self, module: nn.Module, x: torch.Tensor, delta: torch.Tensor | Parts | None):
+        """(x + delta, the norm of that sum); delta None: (x, its norm). One kernel where `fuses`
+        (`fused_ops.add_rms_norm`), which also sums a GEMV's `Parts`."""
+        if delta is None:
+            return x, self(module, x)
+        if self.fuses(module, x.dtype):
+            eps = getattr(module, "variance_epsilon", getattr(module, "eps", self.eps))
+            parts = isinstance(delta, Parts)
+            d, bias = (delta.sums, delta.bias) if parts else (delta, None)
+            return fused_ops.add_rms_norm(x, d, module.weight, eps, self.fp32, self.offset, parts, bias)
+        x = _plus(x, delta)
+        return x, self(module, x)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A few-row GEMV's output as its fp32 partial sums [splits, rows, N] (`gemv_ops.gemv_parts`), plus its bias:
+    the residual add sums them in its own kernel (`_Norms.add`), so no kernel of its own adds them up."""
+
+    sums: torch.Tensor
+    bias: torch.Tensor | None
+
+    def total(self, like: torch.Tensor) -> torch.Tensor:
+        """The GEMV's output, shaped and typed like `like` (where no fused add takes the sums)."""
+        y = self.sums.sum(0) + (self.bias.float() if self.bias is not None else 0)
+        return y.to(like.dtype).view(like.shape)
+
+
+def _plus(x: torch.Tensor, delta: torch.Tensor | Parts | None) -> torch.Tensor:
+    """x + delta, as separate ops (where no fused add takes it)."""
+    if delta is None:
+        return x
+    return x + (delta.total(x) if isinstance(delta, Parts) else delta)
+
+
+def _project(m: nn.Linear, x: torch.Tensor, gate: torch.Tensor | None, gemv: bool, fold: bool):
+    """m(x), or m(silu(gate) * x) with `gate`, for a few rows through `gemv_ops.gemv`: for one row as `Parts` with
+    `fold` (the next residual add sums them). None where the kernels do not apply (off, or too many rows)."""
+    rows = x.numel() // x.shape[-1]
+    if not gemv or rows > gemv_ops.max_rows():
+        return None
+    # gemv_parts' shape is tuned at run time: not traceable
+    if fold and rows == 1 and not torch.compiler.is_compiling():
+        return Parts(gemv_ops.gemv_parts(x, m.weight, gate), m.bias)
+    return gemv_ops.gemv(x, m.weight, m.bias, gate)
 
 
 def _swiglu(act, gate: torch.Tensor, up: torch.Tensor, kernel: bool) -> torch.Tensor:
@@ -225,7 +281,7 @@ class StaticTarget:
         self.layers, self.final_norm, self.rotary_emb = mods.layers, mods.final_norm, mods.rotary_emb
         layout, text = mods.layout, adapter.text_config
         self.halves, self.axes, self.by_type = layout.rotary_halves, layout.rotary_axes, layout.rotary_by_layer_type
-        self.gemv = gemv  # one-row o and down projections through `kernels.gemv` (split over K)
+        self.gemv = gemv  # few-row projections through `gemv_ops.gemv` (split over K)
         llama = layout.norms == "llama"  # the declared RMSNorm formula (the norm kernel computes each)
         self.fused = fused_ops and llama  # q/k norm + rotary + K/V writes in one kernel (Llama's norm formula)
         self.decode_attend = DECODE_ATTENTION[decode_attention]  # T = 1 steps only
@@ -242,17 +298,20 @@ class StaticTarget:
         self.hidden = text.hidden_size
         self.dtype = mods.final_norm.weight.dtype
         # q/k/v as one GEMM; a KV-shared layer projects q alone, one whose values are its keys q and k
-        self.qkv = [FusedLinear([p for p in (m.q, m.k, m.v) if p is not None], fuse) if m.q is not None else None
-                    for m in self.layers]  # fmt: skip
+        self.qkv = [FusedLinear([p for p in (m.q, m.k, m.v) if p is not None], fuse, gemv) if m.q is not None
+                    else None for m in self.layers]  # fmt: skip
         self.opts = [QKVOptions(m.output_gate, m.qk_norm_per_head, m.v_norm, m.kv_source is not None)
                      for m in self.layers]  # fmt: skip
         # the one-kernel rotary + K/V write: plain layers only (Llama-formula q/k norms per head, q/k/v)
         self.rope_kernel = [self.fused and o == PLAIN and m.v is not None for m, o in zip(self.layers, self.opts, strict=True)]
-        # GDN layers: their own static states; projections split by the adapter (`gdn_project`)
-        self.gdn = [StaticGDN(m.gdn, m.gdn_parts, adapter.gdn_project, fused_ops) if m.gdn is not None else None
-                    for m in self.layers]  # fmt: skip
+        # GDN layers: their own static states; the input projections as one GEMM, split by the adapter
+        self.gdn = [StaticGDN(m.gdn, m.gdn_parts, adapter.gdn_split, fused_ops, fuse, gemv) if m.gdn is not None
+                    else None for m in self.layers]  # fmt: skip
         # dense MLPs only: a sparse MoE block runs as its module or its declared parts (`_sparse`): None here
-        self.gate_up = [FusedLinear([m.gate, m.up], fuse) if m.gate is not None else None for m in self.layers]
+        self.gate_up = [FusedLinear([m.gate, m.up], fuse, gemv) if m.gate is not None else None for m in self.layers]
+        # few-row o / down projections whose partial sums the next residual add takes (`Parts`): where that add
+        # and norm run as one kernel and nothing else reads the sublayer's output first
+        self.fold_o, self.fold_down = self._folds(mods.final_norm)
         dev = mods.final_norm.weight.device
         # sliding layers keep a ring of R >= window + 2 * max_rows slots (slot = position % R) where that is
         # shorter than the buffers: a verify's writes then only replace keys outside every live query's window
@@ -268,6 +327,19 @@ class StaticTarget:
         # layers whose prefill cannot use the causal flash kernel: windows and sinks need a mask
         self.masked_prefill = any(m.window is not None or m.sinks is not None for m in self.layers)
         self.per_layer = any(m.per_layer is not None for m in self.layers)  # per-layer inputs from the ids
+
+    def _folds(self, final_norm) -> tuple[list[bool], list[bool]]:
+        if not self.gemv:
+            return [False] * len(self.layers), [False] * len(self.layers)
+        fuses = [self.norm.fuses(n, self.dtype) for n in (*(m.input_norm for m in self.layers[1:]), final_norm)]
+        o = [q is not None and m.attn_out_norm is None and self.norm.fuses(m.post_norm, self.dtype)
+             for q, m in zip(self.qkv, self.layers, strict=True)]  # fmt: skip
+        down = [  # the layer's residual sum is left to the next norm (`forward`), which fuses
+            g is not None and self.silu and nxt and m.moe_branch is None and m.mlp_out_norm is None
+            and i not in self.taps and m.per_layer is None and m.scalar is None
+            for i, (g, m, nxt) in enumerate(zip(self.gate_up, self.layers, fuses, strict=True))
+        ]  # fmt: skip
+        return o, down
 
     @staticmethod
     def _ring_size(window: int | None, max_rows: int, max_len: int) -> int | None:
@@ -334,9 +406,8 @@ class StaticTarget:
                 out = (self.decode_attend if t == 1 else self.block_attend)(q, k, v, gmask, m.scaling)
         if gate is not None:
             out = out * torch.sigmoid(gate)
-        if self.gemv and t == 1:
-            return kernels.gemv(out, m.o.weight, m.o.bias, None)
-        return m.o(out)  # [1, T, H]
+        projected = _project(m.o, out, None, self.gemv, self.fold_o[i])
+        return m.o(out) if projected is None else projected  # [1, T, H]
 
     def _experts(self, experts, x, index, weights):
         """Routed experts of rows x [N, H]: the expert GEMV for few rows, else the module (its implementation)."""
@@ -363,21 +434,23 @@ class StaticTarget:
         if self.gate_up[i] is None:
             return self._sparse(i, x)
         gate, up = self.gate_up[i](x)  # [1, T, F] each
-        if self.gemv and self.silu and x.shape[1] == 1:  # silu(gate) * up computed inside the kernel
-            return kernels.gemv(up, m.down.weight, m.down.bias, gate)
-        return m.down(_swiglu(m.act, gate, up, self.swiglu))
+        # silu(gate) * up computed inside the kernel
+        projected = _project(m.down, up, gate, self.gemv, self.fold_down[i]) if self.silu else None
+        return m.down(_swiglu(m.act, gate, up, self.swiglu)) if projected is None else projected
 
-    def _ffn(self, i: int, x):
-        """The feed-forward sublayer's output for residual x [1, T, H] (before its residual add)."""
+    def _ffn(self, i: int, x, h):
+        """Residual x [1, T, H] plus the attention output h -> (that sum, the feed-forward sublayer's output for
+        it, not yet added)."""
         m = self.layers[i]
-        out = self._mlp(i, self.norm(m.post_norm, x))
+        x, normed = self.norm.add(m.post_norm, x, h)
+        out = self._mlp(i, normed)
         if m.moe_branch is not None:  # routed experts beside the dense MLP, on the same residual
             router, experts, dense_out, experts_in, experts_out = m.moe_branch
             flat = x.reshape(-1, x.shape[-1])  # [T, H]
             _, weights, index = router(flat)
             routed = self._experts(experts, self.norm(experts_in, flat), index, weights).reshape(x.shape)
             out = self.norm(dense_out, out) + self.norm(experts_out, routed)
-        return self.norm(m.mlp_out_norm, out) if m.mlp_out_norm is not None else out
+        return x, self.norm(m.mlp_out_norm, out) if m.mlp_out_norm is not None else out
 
     def _masks(self, positions, prefill: bool, dtype) -> dict:
         """Additive group masks by (window, query heads per K/V head), for the layers that need one; ring layers'
@@ -430,15 +503,19 @@ class StaticTarget:
         rope, masks = self._rope(emb, positions), self._masks(positions, prefill, emb.dtype)
         extra = self.adapter.per_layer_inputs(ids, emb) if self.per_layer else None  # [1, T, L, P]
         mode = "prefill" if prefill else "step" if t == 1 else "verify"
-        x = emb
+        # each sublayer's output is added to the residual x by the next norm's kernel (`_Norms.add`)
+        x, delta = emb, None
         for i, m in enumerate(self.layers):
-            h = self.norm(m.input_norm, x)
+            x, h = self.norm.add(m.input_norm, x, delta)
             if self.gdn[i] is not None:
                 h = self.gdn[i](h, mode)
             else:
                 h = self._attn(i, h, rope[m.kind if self.by_type else None], positions, masks, prefill)
-            x = x + (self.norm(m.attn_out_norm, h) if m.attn_out_norm is not None else h)
-            x = x + self._ffn(i, x)
+            h = self.norm(m.attn_out_norm, h) if m.attn_out_norm is not None else h
+            x, delta = self._ffn(i, x, h)
+            if i not in self.taps and m.per_layer is None and m.scalar is None:
+                continue  # nothing below reads x before the next norm adds delta
+            x, delta = x + delta, None  # (never `Parts`: `fold_down` is off here)
             if m.per_layer is not None:  # x += norm(projection(act(gate(x)) * e_i))
                 gate, projection, pl_norm, act = m.per_layer
                 x = x + self.norm(pl_norm, projection(act(gate(x)) * extra[:, :, i]))
@@ -447,8 +524,9 @@ class StaticTarget:
             for slot in self.taps.get(i, ()) if taps_out is not None else ():
                 taps_out[:, :, slot * self.hidden : (slot + 1) * self.hidden].copy_(x)
         self._scratch = {}  # the prefill's full-prompt K/V of ring layers: their tails are in the rings now
-        x = x[:, -1:] if last_only else x
-        return self.adapter.logits(self.norm(self.final_norm, x))  # [1, T or 1, V]
+        if last_only:  # a prefill: the last row's norm only
+            x, delta = _plus(x, delta)[:, -1:], None
+        return self.adapter.logits(self.norm.add(self.final_norm, x, delta)[1])  # [1, T or 1, V]
 
 
 class StaticDrafter:
@@ -462,9 +540,11 @@ class StaticDrafter:
         fast_norm: bool = True,
         block_attention: str = "sdpa",
         fused_ops: bool = False,
+        gemv: bool = False,
     ):
-        self.d, self.fused = drafter, fused_ops  # as in StaticTarget
-        self.swiglu = fused_ops and drafter.cfg.hidden_act == "silu"
+        self.d, self.fused, self.gemv = drafter, fused_ops, gemv  # as in StaticTarget
+        self.silu = drafter.cfg.hidden_act == "silu"  # the kernels' fused SwiGLU
+        self.swiglu = fused_ops and self.silu
         self.attend = BLOCK_ATTENTION[block_attention]
         w = drafter.fc.weight
         self.dtype = w.dtype
@@ -472,11 +552,11 @@ class StaticDrafter:
         self.group = a.heads // a.kv_heads
         self.norm = _Norms(drafter.cfg.rms_norm_eps, fast_norm, fused_ops)
         attns = [layer.self_attn for layer in drafter.layers]
-        self.qkv = [FusedLinear([a.q_proj, a.k_proj, a.v_proj], fuse) for a in attns]
+        self.qkv = [FusedLinear([a.q_proj, a.k_proj, a.v_proj], fuse, gemv) for a in attns]
         # k/v alone for the context: once q/k/v are fused, k and v lie back to back, so this is a view
-        self.kv = [FusedLinear([a.k_proj, a.v_proj], fuse) for a in attns]
+        self.kv = [FusedLinear([a.k_proj, a.v_proj], fuse, gemv) for a in attns]
         self.gate_up = [
-            FusedLinear([layer.mlp.gate_proj, layer.mlp.up_proj], fuse) for layer in drafter.layers
+            FusedLinear([layer.mlp.gate_proj, layer.mlp.up_proj], fuse, gemv) for layer in drafter.layers
         ]
         self.k = [
             torch.zeros(1, a.kv_heads, max_len, a.head_dim, device=w.device, dtype=w.dtype)
@@ -496,7 +576,9 @@ class StaticDrafter:
         """Project context features [1, n, K*H] at positions pos.. into every layer's K/V."""
         n = feats.shape[1]
         positions = pos + self.key_pos[:n]
-        ctx = self.norm(self.d.hidden_norm, self.d.fc(feats.to(self.dtype)))  # [1, n, H]
+        feats = feats.to(self.dtype)
+        fc = _project(self.d.fc, feats, None, self.gemv, fold=False)
+        ctx = self.norm(self.d.hidden_norm, self.d.fc(feats) if fc is None else fc)  # [1, n, H]
         rope = self.d.rotary_emb(positions, self.dtype)
         for i in range(len(self.d.layers)):
             self._qkv(i, ctx, positions, rope, with_q=False)
@@ -519,16 +601,19 @@ class StaticDrafter:
         q_pos = pos + self.key_pos[:b]
         rope = self.d.rotary_emb(q_pos, self.dtype)
         masks: dict[tuple, torch.Tensor] = {}  # one group mask per (causal, window) kind, not per layer
-        x = emb.to(self.dtype)
+        x, delta = emb.to(self.dtype), None  # the residual, and the last sublayer's output not yet added
         for i, layer in enumerate(self.d.layers):
-            a = layer.self_attn
+            a, mlp = layer.self_attn, layer.mlp
             kind = (a.causal, a.window)
             if kind not in masks:
                 masks[kind] = _group_mask(self._mask(a, q_pos, pos), self.group, self.dtype)
-            h = self.norm(layer.input_layernorm, x)
+            x, h = self.norm.add(layer.input_layernorm, x, delta)
             q = self._qkv(i, h, q_pos, rope, with_q=True)  # [1, heads, B, hd]; K/V rows: scratch for append
             out = self.attend(q, self.k[i], self.v[i], masks[kind], a.head_dim**-0.5)
-            x = x + a.o_proj(out)
-            gate, up = self.gate_up[i](self.norm(layer.post_attention_layernorm, x))  # [1, B, F] each
-            x = x + layer.mlp.down_proj(_swiglu(layer.mlp.act, gate, up, self.swiglu))
-        return self.norm(self.d.norm, x)
+            o = _project(a.o_proj, out, None, self.gemv, fold=False)  # block rows: never `Parts`
+            x, h = self.norm.add(layer.post_attention_layernorm, x, a.o_proj(out) if o is None else o)
+            gate, up = self.gate_up[i](h)  # [1, B, F] each
+            delta = _project(mlp.down_proj, up, gate, self.gemv, fold=False) if self.silu else None
+            if delta is None:
+                delta = mlp.down_proj(_swiglu(mlp.act, gate, up, self.swiglu))
+        return self.norm.add(self.d.norm, x, delta)[1]

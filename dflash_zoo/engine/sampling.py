@@ -17,9 +17,45 @@ sampling uses the exponential race (argmax of p / E with E ~ Exp(1) picks i with
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
+
+
+def _softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim as max, exp and sum: each a kernel that spreads a long row over many thread
+    blocks (torch's fused softmax gives a row one block: 16 rows of a 152k vocabulary use 16 SMs)."""
+    e = (x - x.amax(-1, keepdim=True)).exp()
+    return e / e.sum(-1, keepdim=True)
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """[..., V] probabilities -> top-p filtered and renormalised: keep token i when the mass of the tokens
+    strictly more probable than i is below top_p (the top token always stays; ties stay or go together).
+    On CUDA without a sort (`cuda/nucleus.py`); elsewhere from the sorted probabilities."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    if flat.is_cuda and _triton():
+        from dflash_zoo.cuda.nucleus import nucleus_mask
+
+        kept = nucleus_mask(flat.float(), top_p)
+    else:
+        ordered = torch.sort(flat, dim=-1, descending=True).values
+        # the mass before each sorted slot; a tie's first slot has the mass strictly above the tied value
+        before = ordered.cumsum(-1) - ordered
+        # the last slot whose mass before is below top_p: its value and every larger or equal one are kept
+        last = (before < top_p).sum(-1, keepdim=True) - 1
+        kept = flat.masked_fill(flat < ordered.gather(-1, last), 0.0)
+    return (kept / kept.sum(-1, keepdim=True)).view(probs.shape)
+
+
+@functools.cache
+def _triton() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def processed_probs(
@@ -30,13 +66,8 @@ def processed_probs(
     if top_k and top_k < x.shape[-1]:
         kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_x, order = torch.sort(x, dim=-1, descending=True)
-        mass = sorted_x.softmax(-1)
-        # drop a token when the mass before it already reaches top_p (the top token always stays)
-        drop_sorted = (mass.cumsum(-1) - mass) >= top_p
-        x = x.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
-    return x.softmax(-1)
+    probs = _softmax(x)
+    return nucleus(probs, top_p) if top_p < 1.0 else probs
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -1,0 +1,275 @@
+"""Triton kernels for the static path's few-row projections: a split-K GEMV, timed against cuBLAS.
+
+`gemv`: y = W x for one row, split over K as well as over output rows. At batch 1 a [4096, 12288] down
+projection has only 4,096 rows to spread over the SMs; inductor's fused SiLU + GEMV reached 2.9 TB/s on it and
+cuBLAS 3.35, against 4.3 for the wide gate/up (on an H200, docs/performance.md). Each program reduces a
+[rows x K-slice] tile; a second kernel adds the slices (fixed order: deterministic). With `gate` the input is
+HF's `act_fn(gate) * up` for SiLU, computed in the kernel with torch's rounding (each op rounded to the dtype).
+The tile configuration is timed once per shape on CUDA (`_gemv_config`), outside graph capture, against cuBLAS
+too where a plain output is wanted (the faster runs). `gemv_parts` stops before the sum: the next residual add
+sums the slices (`fused_ops.add_rms_norm`). 2..16 rows run a tensor-core variant of the same split
+(`gemm_part`), used by the static path only when `DFLASH_ZOO_GEMV_ROWS` asks (it did not beat cuBLAS at 16
+rows, docs/performance.md).
+
+Torch custom ops, so `torch.compile` sees one opaque call and CUDA graphs capture the launches. They run on
+CUDA, or anywhere under Triton's interpreter (`TRITON_INTERPRET=1`, CPU tests). Triton is imported on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import torch
+import torch.nn.functional as F
+
+from dflash_zoo.cuda.kernels import _pow2, _sms
+
+log = logging.getLogger("dflash_zoo")
+
+
+@functools.cache
+def _kernels():
+    """Compile-on-first-use Triton kernels (imported here so that importing this module needs no triton)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gemv_part(
+        W, X, Gate, Part, n_out, k_in, k_split, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.constexpr
+    ):
+        pn, ps = tl.program_id(0), tl.program_id(1)  # output rows, K slice
+        rows = pn * BN + tl.arange(0, BN)
+        rok = rows < n_out
+        acc = tl.zeros([BN, BK], tl.float32)
+        for k0 in range(ps * k_split, ps * k_split + k_split, BK):
+            cols = k0 + tl.arange(0, BK)
+            cok = cols < k_in
+            x = tl.load(X + cols, mask=cok, other=0.0)
+            if SILU:  # HF's act_fn(gate) * up; like torch, silu and the product are each rounded to the dtype
+                g = tl.load(Gate + cols, mask=cok, other=0.0).to(tl.float32)
+                a = (g / (1.0 + tl.exp(-g))).to(x.dtype)
+                x = (a.to(tl.float32) * x.to(tl.float32)).to(x.dtype)
+            w = tl.load(W + rows[:, None] * k_in + cols[None, :], mask=rok[:, None] & cok[None, :], other=0.0)
+            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        tl.store(Part + ps * n_out + rows, tl.sum(acc, 1), mask=rok)
+
+    @triton.jit
+    def gemm_part(W, X, Gate, Part, Bias, n_rows, n_out, k_in, k_split, x_stride, g_stride,
+                  R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.constexpr, DIRECT: tl.constexpr,
+                  BIAS: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+        """A few rows (R >= 16, padded): [rows, K] x [N, K]^T over one tile of N and one slice of K, on the
+        tensor cores. DIRECT (one slice): the output itself, plus bias, in the input dtype."""
+        pn, ps = tl.program_id(0), tl.program_id(1)  # output columns, K slice
+        n = pn * BN + tl.arange(0, BN)
+        r = tl.arange(0, R)
+        nok, rok = n < n_out, r < n_rows
+        acc = tl.zeros([R, BN], tl.float32)
+        for k0 in range(ps * k_split, ps * k_split + k_split, BK):
+            cols = k0 + tl.arange(0, BK)
+            cok = cols < k_in
+            xm = rok[:, None] & cok[None, :]
+            x = tl.load(X + r[:, None] * x_stride + cols[None, :], mask=xm, other=0.0)  # [R, BK]
+            if SILU:  # as gemv_part: silu(gate) * up, each op rounded to the dtype
+                g = tl.load(Gate + r[:, None] * g_stride + cols[None, :], mask=xm, other=0.0).to(tl.float32)
+                a = (g / (1.0 + tl.exp(-g))).to(x.dtype)
+                x = (a.to(tl.float32) * x.to(tl.float32)).to(x.dtype)
+            w = tl.load(W + n[:, None] * k_in + cols[None, :], mask=nok[:, None] & cok[None, :], other=0.0)
+            if IEEE:  # fp32 inputs: exact products, not TF32
+                acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(x, tl.trans(w))  # [R, BN]
+        at = r[:, None] * n_out + n[None, :]
+        ok = rok[:, None] & nok[None, :]
+        if DIRECT:
+            if BIAS:
+                acc += tl.load(Bias + n, mask=nok, other=0.0).to(tl.float32)[None, :]
+            tl.store(Part + at, acc.to(X.dtype.element_ty), mask=ok)
+        else:
+            tl.store(Part + ps * n_rows * n_out + at, acc, mask=ok)
+
+    @triton.jit
+    def gemv_sum(Part, Bias, Out, n_out, splits, n_bias, BLOCK: tl.constexpr, S: tl.constexpr,
+                 BIAS: tl.constexpr):  # fmt: skip
+        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # flat [rows x N] outputs
+        rok = rows < n_out
+        s = tl.arange(0, S)
+        y = tl.sum(
+            tl.load(
+                Part + s[:, None] * n_out + rows[None, :],
+                mask=(s < splits)[:, None] & rok[None, :],
+                other=0.0,
+            ),
+            0,
+        )
+        if BIAS:
+            y += tl.load(Bias + rows % n_bias, mask=rok, other=0.0).to(tl.float32)
+        tl.store(Out + rows, y.to(Out.dtype.element_ty), mask=rok)
+
+    return gemv_part, gemv_sum, gemm_part
+
+
+# (rows per program, K per iteration, programs per SM, warps): the candidates `_gemv_config` times per shape
+GEMV_CONFIGS = [
+    (bn, bk, per_sm, 4 if bn * bk <= 4096 else 8)
+    for bn in (8, 16, 32)
+    for bk in (128, 256)
+    for per_sm in (4, 8)
+]
+# few rows (2..ROWS): (output columns per program, K per iteration, programs per SM, warps); per_sm 1 at wide N
+# gives one K slice, whose program writes the output itself (no partial sums, no second kernel)
+ROWS = 16
+
+
+def max_rows() -> int:
+    """Projections of at most this many rows run `gemv` (timed against cuBLAS): one by default, as 16-row
+    steps measured slower with the tensor-core kernel than with cuBLAS on the Qwen3-8B shape
+    (docs/performance.md); `DFLASH_ZOO_GEMV_ROWS` (up to ROWS) moves the switch, for measurements."""
+    return min(ROWS, max(1, int(os.environ.get("DFLASH_ZOO_GEMV_ROWS", "1"))))
+
+
+GEMM_CONFIGS = [(bn, bk, per_sm, 4) for bn in (32, 64) for bk in (64, 128) for per_sm in (1, 2, 4)]
+CUBLAS = None  # the config that runs `F.linear` instead: timed beside the kernel's where a plain output is wanted
+_tuned: dict[tuple, tuple[int, int, int, int] | None] = {}
+
+
+def _split(n: int, k: int, rows_per_block: int, bk: int, per_sm: int, x) -> tuple[int, int, int]:
+    """(output blocks, K slices, K per slice): ~per_sm programs per SM, whole BK steps per slice."""
+    blocks = -(-n // rows_per_block)
+    splits = max(1, min(-(-k // bk), -(-per_sm * _sms(x) // blocks)))
+    k_split = bk * -(-k // (splits * bk))
+    return blocks, -(-k // k_split), k_split
+
+
+def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False) -> torch.Tensor:
+    """fp32 partial sums [splits, rows, N] of x [..., K] (rows = all leading sizes, at most ROWS) times weight
+    [N, K]^T over slices of K; with `direct` and one slice, the output [rows, N] itself (bias added)."""
+    n, k = weight.shape
+    rows = x.numel() // x.shape[-1]
+    bn, bk, per_sm, warps = config
+    blocks, splits, k_split = _split(n, k, bn, bk, per_sm, x)
+    g = gate if gate is not None else x
+    if rows == 1:
+        part = torch.empty(splits, 1, n, device=x.device, dtype=torch.float32)
+        _kernels()[0][(blocks, splits)](
+            weight, x, g, part, n, k, k_split, BN=bn, BK=bk, SILU=gate is not None, num_warps=warps
+        )
+        return part
+    x2, g2 = x.reshape(rows, k), g.reshape(rows, k)  # views: rows may be strided (halves of gate/up)
+    direct = direct and splits == 1
+    part = torch.empty(splits, rows, n, device=x.device, dtype=torch.float32) if not direct else x.new_empty(rows, n)
+    _kernels()[2][(blocks, splits)](
+        weight, x2, g2, part, bias if bias is not None else weight, rows, n, k, k_split, x2.stride(0), g2.stride(0),
+        R=max(16, _pow2(rows)), BN=bn, BK=bk, SILU=gate is not None, DIRECT=direct, BIAS=bias is not None,
+        IEEE=x.dtype == torch.float32, num_warps=warps,
+    )  # fmt: skip
+    return part
+
+
+def _gemv_launch(x, weight, bias, gate, config) -> torch.Tensor:
+    if config is CUBLAS:
+        return F.linear(x if gate is None else F.silu(gate) * x, weight, bias)
+    shape = (*x.shape[:-1], weight.shape[0])
+    part = _gemv_parts(x, weight, gate, config, bias, direct=True)
+    if part.dtype == x.dtype and part.dim() == 2:  # one K slice: the kernel wrote the output
+        return part.view(shape)
+    splits, n = part.shape[0], part[0].numel()
+    out = torch.empty(shape, device=x.device, dtype=x.dtype)
+    b = bias if bias is not None else part
+    _kernels()[1][(-(-n // 256),)](
+        part, b, out, n, splits, weight.shape[0], BLOCK=256, S=_pow2(splits, 1), BIAS=bias is not None
+    )
+    return out
+
+
+def _graph_ms(fn, reps: int = 10) -> float:
+    """Milliseconds per call of `fn`, `reps` calls captured in one CUDA graph (launch cost as in a step)."""
+    fn()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def _gemv_config(x, weight, gate, parts: bool = False) -> tuple[int, int, int, int] | None:
+    """The fastest kernel config for this shape and row count, and cuBLAS too unless `parts` (partial sums
+    wanted), timed once on CUDA (the first config under the interpreter).
+
+    Each timed call follows a write of 128 MB (over twice an H200's L2), so that the weight comes from HBM as
+    in a real step.
+    """
+    rows = x.numel() // x.shape[-1]
+    configs = GEMV_CONFIGS if rows == 1 else GEMM_CONFIGS
+    key = (tuple(weight.shape), weight.dtype, gate is not None, parts, rows, x.device)
+    if key in _tuned:
+        return _tuned[key]
+    if not x.is_cuda or torch.cuda.is_current_stream_capturing():
+        return configs[0]  # nothing timed while a graph is captured (steps are warmed before capture)
+    flush = torch.empty(2**25, device=x.device, dtype=torch.float32)
+    base = _graph_ms(flush.zero_)
+    run = _gemv_parts if parts else functools.partial(_gemv_launch, bias=None)
+    candidates = configs if parts else [*configs, CUBLAS]
+    times = {
+        c: _graph_ms(lambda c=c: (flush.zero_(), run(x, weight, gate=gate, config=c))) - base for c in candidates
+    }
+    _tuned[key] = best = min(times, key=times.get)
+    log.debug("gemv %s: %s (%.1f us)", key[:5], best, times[best] * 1e3)
+    return best
+
+
+def tuned_configs() -> dict[str, list[int] | str]:
+    """The configs timed so far, by rows, K and N ("1x12288->4096+silu"), for bench records."""
+    return {
+        f"{rows}x{k}->{n}{'+silu' if silu else ''}{'+parts' if parts else ''}": "cublas" if c is CUBLAS else list(c)
+        for ((n, k), _, silu, parts, rows, _), c in _tuned.items()
+    }
+
+
+@torch.library.custom_op("dflash_zoo::gemv", mutates_args=())
+def gemv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gate: torch.Tensor | None
+) -> torch.Tensor:
+    """A few rows x [..., K] -> x @ weight [N, K]^T (+ bias) [..., N]; with `gate` [..., K], the input is
+    silu(gate) * x (a SwiGLU down projection's). One row: the split-K GEMV; 2..ROWS rows: the split-K tensor-core
+    kernel; either where it was timed faster than cuBLAS for the shape; more rows: cuBLAS."""
+    if x.numel() // x.shape[-1] > ROWS:
+        return _gemv_launch(x, weight, bias, gate, CUBLAS)
+    x, weight, gate = _few_rows(x, weight, gate)
+    return _gemv_launch(x, weight, bias, gate, _gemv_config(x, weight, gate))
+
+
+@gemv.register_fake
+def _(x, weight, bias, gate):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+@torch.library.custom_op("dflash_zoo::gemv_parts", mutates_args=())
+def gemv_parts(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    """`gemv` without its last kernel: fp32 partial sums [splits, rows, N] whose in-order sum is the output
+    (before bias and rounding); `fused_ops.add_rms_norm` sums them into the residual."""
+    x, weight, gate = _few_rows(x, weight, gate)
+    return _gemv_parts(x, weight, gate, _gemv_config(x, weight, gate, parts=True))
+
+
+@gemv_parts.register_fake
+def _(x, weight, gate):
+    # not traceable: the slice count is tuned at run time (the static path never compiles it, `static.py`)
+    raise NotImplementedError("gemv_parts has no fixed output shape to trace")
+
+
+def _few_rows(x, weight, gate):
+    if x.numel() // x.shape[-1] > ROWS:
+        raise ValueError(f"gemv_parts takes at most {ROWS} rows, not {list(x.shape)}")
+    # rows may stay strided (the kernel reads a row stride); each row itself must be contiguous
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if gate is not None and gate.stride(-1) != 1:
+        gate = gate.contiguous()
+    return x, weight.contiguous(), gate
