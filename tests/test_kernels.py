@@ -95,6 +95,26 @@ def test_grouped_split_is_grouped_sdpa(interpret):
         torch.testing.assert_close(_grouped_split(q, k, v, gmask, 0.3), _grouped_sdpa(q, k, v, gmask, 0.3))
 
 
+def test_split_attention_with_sinks_is_the_sink_softmax(interpret, monkeypatch):
+    """gpt-oss sinks in the split kernel's merge: `_grouped_sinks` for one row and a block, a sliding window
+    hiding most keys, large and small sinks (one above every score), and rows split over launches."""
+    from dflash_zoo.cuda.attention import _grouped_sinks
+
+    for t, sink_scale in ((1, 1.0), (6, 8.0)):
+        gen = torch.Generator().manual_seed(10 + t)
+        q, k, v = (torch.randn(1, n, r, 16, generator=gen) for n, r in ((4, t), (2, 96), (2, 96)))
+        pos = torch.arange(40, 40 + t)[:, None]
+        seen = (torch.arange(96)[None, :] <= pos) & (pos - torch.arange(96)[None, :] < 12)  # window 12
+        gmask = _group_mask(seen, 2, torch.float32)
+        sinks = torch.randn(4, generator=gen) * sink_scale
+        want = _grouped_sinks(q, k, v, gmask, 0.3, sinks)
+        torch.testing.assert_close(_grouped_split(q, k, v, gmask, 0.3, sinks), want)
+        assert not torch.allclose(_grouped_split(q, k, v, gmask, 0.3), want)  # the sinks changed it
+        monkeypatch.setattr(kernels, "MAX_ACCUMULATOR", 2 * 16)  # two rows a launch: sinks sliced with them
+        torch.testing.assert_close(_grouped_split(q, k, v, gmask, 0.3, sinks), want)
+        monkeypatch.undo()
+
+
 @pytest.mark.parametrize("keys, heads, sms", [(1152, 8, 132), (33_000, 8, 132), (70, 1, 8), (64, 64, 132)])
 def test_chunking_covers_every_key_in_whole_tiles(keys, heads, sms):
     size, n = kernels.chunking(keys, heads, sms)
@@ -589,3 +609,22 @@ def test_nucleus_on_cuda_keeps_the_sorted_rule_set(top_p):
     got, want = nucleus(p, top_p), nucleus(p.cpu(), top_p)
     assert torch.equal((got > 0).cpu(), want > 0)
     torch.testing.assert_close(got.cpu(), want)
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("t", [1, 16])
+def test_split_attention_with_sinks_on_cuda(t):
+    """The compiled merge with sinks: fp32 as the explicit sink softmax (gpt-oss's 64 heads over 8 K/V heads)."""
+    from dflash_zoo.cuda.attention import _grouped_sinks
+
+    gen = torch.Generator("cuda").manual_seed(t)
+    q = torch.randn(1, 64, t, 64, generator=gen, device="cuda")
+    k, v = (torch.randn(1, 8, 1152, 64, generator=gen, device="cuda") for _ in range(2))
+    pos = torch.arange(700, 700 + t, device="cuda")[:, None]
+    seen = (torch.arange(1152, device="cuda")[None, :] <= pos) & (pos - torch.arange(1152, device="cuda") < 128)
+    gmask = _group_mask(seen, 8, torch.float32)
+    sinks = torch.randn(64, generator=gen, device="cuda") * 3
+    torch.testing.assert_close(
+        _grouped_split(q, k, v, gmask, 0.125, sinks), _grouped_sinks(q, k, v, gmask, 0.125, sinks), atol=2e-5, rtol=2e-5
+    )

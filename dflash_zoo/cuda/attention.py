@@ -3,7 +3,7 @@
 Every function takes q [1, h, T, d], k, v [1, kvh, S, d] and an additive mask [1, 1, g*T, S] (`_group_mask`)
 and returns [1, T, h*d]. GQA runs as extra query rows ([1, kvh, g*T, d], head h = kv_head * g + i, rows
 ordered (i, t)) so no kernel needs repeated K/V. Sliding windows are part of the mask; sinks need their own
-softmax (`_grouped_sinks`).
+softmax (`_grouped_sinks`, or the split kernel's merge).
 """
 
 from __future__ import annotations
@@ -64,12 +64,15 @@ def _grouped_chunks(q, k, v, gmask, scale: float, chunks: int = 16) -> torch.Ten
     return _ungroup(out.to(v.dtype), h, t)
 
 
-def _grouped_split(q, k, v, gmask, scale: float) -> torch.Tensor:
-    """`_grouped_sdpa` through the Triton split-KV kernel (`kernels.split_kv_attention`); CUDA only."""
+def _grouped_split(q, k, v, gmask, scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """`_grouped_sdpa` through the Triton split-KV kernel (`kernels.split_kv_attention`); CUDA only. With
+    sinks [h], `_grouped_sinks`' softmax (the merge kernel adds each row's sink to the denominator)."""
     _, h, t, d = q.shape
     kvh = k.shape[1]
     qg = q.reshape(kvh, (h // kvh) * t, d)  # same row order as `_grouped_sdpa`
-    return _ungroup(kernels.split_kv_attention(qg, k[0], v[0], gmask[0, 0], scale)[None], h, t)
+    if sinks is not None:  # head h = kv_head * g + i: one sink per grouped row, rows ordered (i, t)
+        sinks = sinks.float().view(kvh, h // kvh, 1).expand(-1, -1, t).reshape(kvh, -1)
+    return _ungroup(kernels.split_kv_attention(qg, k[0], v[0], gmask[0, 0], scale, sinks)[None], h, t)
 
 
 # one-row (autoregressive) attention of the static target. At T = 1 the masked SDPA kernel runs one block per

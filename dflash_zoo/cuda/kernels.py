@@ -112,15 +112,21 @@ def _kernels():
         tl.store(PO + at[:, None] * D + d[None, :], acc)
 
     @triton.jit
-    def merge(PO, PM, PL, Out, rows, hd, n_chunks, R: tl.constexpr, D: tl.constexpr, C: tl.constexpr):
+    def merge(PO, PM, PL, Sinks, Out, rows, hd, n_chunks, R: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
+              SINK: tl.constexpr):  # fmt: skip
         h, row = tl.program_id(0), tl.program_id(1)
         c, d = tl.arange(0, C), tl.arange(0, D)
         cok = c < n_chunks
         at = (h * n_chunks + c) * R + row  # [C]
         m = tl.load(PM + at, mask=cok, other=float("-inf"))
         top = tl.max(m, 0)
+        if SINK:  # the row's sink logit joins the softmax (its share of the mass goes nowhere)
+            sink = tl.load(Sinks + h * rows + row).to(tl.float32)
+            top = tl.maximum(top, sink)
         w = tl.exp(m - tl.where(top == float("-inf"), 0.0, top))  # each chunk's share of the global max
         total = tl.sum(w * tl.load(PL + at, mask=cok, other=0.0), 0)
+        if SINK:
+            total += tl.exp(sink - top)
         part = tl.load(PO + at[:, None] * D + d[None, :], mask=cok[:, None], other=0.0)  # [C, D]
         out = tl.sum(w[:, None] * part, 0) / total
         tl.store(Out + (h * rows + row) * hd + d, out.to(Out.dtype.element_ty), mask=d < hd)
@@ -130,14 +136,23 @@ def _kernels():
 
 @torch.library.custom_op("dflash_zoo::split_kv_attention", mutates_args=())
 def split_kv_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    scale: float,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [kvh, rows, d] (a head's GQA query rows); k, v [kvh, S, d]; bias [rows, S] additive -> [kvh, rows, d]."""
+    """q [kvh, rows, d] (a head's GQA query rows); k, v [kvh, S, d]; bias [rows, S] additive -> [kvh, rows, d].
+    sinks [kvh, rows]: a logit per query row joined to its softmax and then dropped (gpt-oss)."""
     kvh, rows, hd = q.shape
     step = max(1, MAX_ACCUMULATOR // _pow2(hd))  # rows per launch: the [rows, d] fp32 tile must fit on chip
     if _pow2(rows) * _pow2(hd) > MAX_ACCUMULATOR and rows > step:  # e.g. Gemma 4's 512-wide global heads
         parts = [slice(r, min(rows, r + step)) for r in range(0, rows, step)]
-        return torch.cat([split_kv_attention(q[:, p], k, v, bias[p], scale) for p in parts], dim=1)
+        return torch.cat(
+            [split_kv_attention(q[:, p], k, v, bias[p], scale, None if sinks is None else sinks[:, p]) for p in parts],
+            dim=1,
+        )
     keys = k.shape[1]
     q, k, v, bias = q.contiguous(), k.contiguous(), v.contiguous(), bias.contiguous()
     big_r, big_d = _pow2(rows), _pow2(hd)
@@ -151,10 +166,13 @@ def split_kv_attention(
     warps = 4 if big_r * big_d <= 8192 else 8  # e.g. 8:1 GQA x 16-row blocks: a [128, 128] fp32 accumulator
     meta = dict(R=big_r, D=big_d, N=TILE, IEEE=ieee, num_warps=warps)
     partial[(kvh, n_chunks)](q, k, v, bias, po, pm, pl, scale, rows, keys, hd, chunk, n_chunks, **meta)
-    merge[(kvh, rows)](po, pm, pl, out, rows, hd, n_chunks, R=big_r, D=big_d, C=_pow2(n_chunks, 1))
+    s = sinks.contiguous() if sinks is not None else pm  # unread without SINK
+    merge[(kvh, rows)](
+        po, pm, pl, s, out, rows, hd, n_chunks, R=big_r, D=big_d, C=_pow2(n_chunks, 1), SINK=sinks is not None
+    )
     return out
 
 
 @split_kv_attention.register_fake
-def _(q, k, v, bias, scale):
+def _(q, k, v, bias, scale, sinks=None):
     return torch.empty_like(q)

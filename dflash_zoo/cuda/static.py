@@ -36,7 +36,13 @@ from torch import nn
 
 from dflash_zoo.cuda import fused_ops, moe
 from dflash_zoo.cuda import gemv as gemv_ops
-from dflash_zoo.cuda.attention import BLOCK_ATTENTION, DECODE_ATTENTION, _group_mask, _grouped_sinks
+from dflash_zoo.cuda.attention import (
+    BLOCK_ATTENTION,
+    DECODE_ATTENTION,
+    _group_mask,
+    _grouped_sinks,
+    _grouped_split,
+)
 from dflash_zoo.cuda.gdn import StaticGDN
 from dflash_zoo.cuda.layout import graph_unsafe_reason, layout_reason, resolve
 from dflash_zoo.engine.rope import apply_rotary
@@ -400,10 +406,13 @@ class StaticTarget:
             out = out.transpose(1, 2).reshape(1, t, -1)
         else:
             k, v = (b[:, :, :t] for b in buffers) if prefill else buffers  # prefill: the prompt's keys only
-            if m.sinks is not None:
-                out = _grouped_sinks(q, k, v, gmask, m.scaling, m.sinks)
+            attend = self.decode_attend if t == 1 else self.block_attend
+            if m.sinks is None:
+                out = attend(q, k, v, gmask, m.scaling)
+            elif attend is _grouped_split:  # the split kernel's merge adds the sinks
+                out = _grouped_split(q, k, v, gmask, m.scaling, m.sinks)
             else:
-                out = (self.decode_attend if t == 1 else self.block_attend)(q, k, v, gmask, m.scaling)
+                out = _grouped_sinks(q, k, v, gmask, m.scaling, m.sinks)
         if gate is not None:
             out = out * torch.sigmoid(gate)
         projected = _project(m.o, out, None, self.gemv, self.fold_o[i])
