@@ -234,8 +234,7 @@ class FastEngine(Engine):
         self.pos.add_(1)
 
     def _run_step(self, name: str, sampler: Sampler) -> None:
-        steps = {"spec": self._spec_step, "ar": self._ar_step, "draft": self._draft_step, "drafter": self._drafter_step}
-        fn = steps[name]
+        fn = getattr(self, f"_{name}_step")  # _spec_step, _ar_step, _draft_step, _drafter_step
         self.steps.run((name, sampler), lambda: partial(fn, sampler))
 
     def replays(self, prompt_ids: list[int], cfg: GenerationConfig, step: str) -> Callable[[int], None]:

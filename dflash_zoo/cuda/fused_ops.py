@@ -3,15 +3,15 @@
 Why: in a CUDA-graphed step every kernel costs ~2 us whatever it does, and at several rows (a 16-row verify or
 draft) the views out of a fused projection are strided, so torch runs the small ops through its generic,
 non-vectorised path. Profiled on the demo pair on an H200 (docs/performance.md), 193 such kernels took 389 of
-a DFlash step's 841 us of kernel time. Four kernels take their place:
+a DFlash step's 841 us of kernel time. Three kernels take their place:
 - `rope_store`: a layer's q/k/v rows from one fused projection -> q RMSNorm'd and rotated; k the same and
   written into the K cache; v written into the V cache (~16 kernels a layer: two norms, two weight products,
   rotate_half's negation and concatenation, three products, a sum, two index copies);
 - `rms_norm`: `weight * rms_norm(x)` (torch's norm kernel plus a broadcast product), or the fp32-weight
   formulas of gpt-oss, Gemma 4 and Qwen3.5 (~7 kernels of their norm modules);
-- `silu_mul`: `silu(gate) * up` over the strided halves of a fused gate/up projection;
-- `add_rms_norm`: a residual add and the next norm (or a one-row GEMV's partial sums, summed, then both): the
-  sublayer output is added where it is made, not in a separate kernel, and the norm reads the sum once.
+  and as `add_rms_norm` a residual add first (of a sublayer's output, or of a GEMV's partial sums, summed), so
+  the add needs no kernel of its own and the norm reads the sum once;
+- `silu_mul`: `silu(gate) * up` over the strided halves of a fused gate/up projection.
 Each op is rounded to the dtype where torch rounds it (the norm to the dtype, then the weight product; each
 rotary product, then their sum; SiLU, then the product), so in fp16 they equal the torch ops bitwise except
 where a norm's fp32 sum, added in another order, differs in its last bit.
@@ -71,10 +71,23 @@ def _kernels():
                 tl.store(K + ((j - heads) * keys + pos) * hd + d, y, mask=dok)
 
     @triton.jit
-    def rms_norm(X, W, G, Y, n, eps, offset, D: tl.constexpr, FP32_WEIGHT: tl.constexpr, GATED: tl.constexpr):
+    def rms_norm(X, Dl, B, W, G, S, Y, n, splits, eps, offset, D: tl.constexpr, FP32_WEIGHT: tl.constexpr,
+                 GATED: tl.constexpr, ADD: tl.constexpr, PARTS: tl.constexpr, BIAS: tl.constexpr):  # fmt: skip
         row, d = tl.program_id(0), tl.arange(0, D)
         ok = d < n
         x = tl.load(X + row * n + d, mask=ok, other=0.0)
+        if ADD:  # x + delta first (the residual sum, rounded as torch's add), written to S, then its norm
+            if PARTS:  # a split-K GEMV's fp32 partial sums [splits, rows, n]: added in order, plus bias, rounded
+                acc = tl.zeros([D], tl.float32)
+                for sp in range(splits):
+                    acc += tl.load(Dl + (sp * tl.num_programs(0) + row) * n + d, mask=ok, other=0.0)
+                if BIAS:
+                    acc += tl.load(B + d, mask=ok, other=0.0).to(tl.float32)
+                delta = acc.to(x.dtype)
+            else:
+                delta = tl.load(Dl + row * n + d, mask=ok, other=0.0)
+            x = (x.to(tl.float32) + delta.to(tl.float32)).to(x.dtype)
+            tl.store(S + row * n + d, x, mask=ok)
         xf = x.to(tl.float32)
         r = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / n + eps)
         w = tl.load(W + d, mask=ok, other=0.0).to(tl.float32)
@@ -88,32 +101,6 @@ def _kernels():
         tl.store(Y + row * n + d, y, mask=ok)
 
     @triton.jit
-    def add_rms_norm(X, Dl, B, W, S, Y, n, splits, eps, offset, D: tl.constexpr, FP32_WEIGHT: tl.constexpr,
-                     PARTS: tl.constexpr, BIAS: tl.constexpr):  # fmt: skip
-        row, d = tl.program_id(0), tl.arange(0, D)
-        ok = d < n
-        x = tl.load(X + row * n + d, mask=ok, other=0.0)
-        if PARTS:  # a split-K GEMV's fp32 partial sums [splits, rows, n]: added in order, plus bias, rounded
-            acc = tl.zeros([D], tl.float32)
-            for sp in range(splits):
-                acc += tl.load(Dl + (sp * tl.num_programs(0) + row) * n + d, mask=ok, other=0.0)
-            if BIAS:
-                acc += tl.load(B + d, mask=ok, other=0.0).to(tl.float32)
-            delta = acc.to(x.dtype)
-        else:
-            delta = tl.load(Dl + row * n + d, mask=ok, other=0.0)
-        s = (x.to(tl.float32) + delta.to(tl.float32)).to(x.dtype)  # the residual sum, rounded as torch's add
-        tl.store(S + row * n + d, s, mask=ok)
-        sf = s.to(tl.float32)
-        r = 1.0 / tl.sqrt(tl.sum(sf * sf, 0) / n + eps)
-        w = tl.load(W + d, mask=ok, other=0.0).to(tl.float32)
-        if FP32_WEIGHT:
-            y = (sf * r * (w + offset)).to(x.dtype)
-        else:
-            y = ((sf * r).to(x.dtype).to(tl.float32) * w).to(x.dtype)
-        tl.store(Y + row * n + d, y, mask=ok)
-
-    @triton.jit
     def silu_mul(G, U, Y, n, g_stride, u_stride, BLOCK: tl.constexpr):
         row, cols = tl.program_id(0), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = cols < n
@@ -123,7 +110,7 @@ def _kernels():
         a = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)  # silu, rounded as torch's
         tl.store(Y + row * n + cols, (a.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=ok)
 
-    return rope_store, rms_norm, silu_mul, add_rms_norm
+    return rope_store, rms_norm, silu_mul
 
 
 @torch.library.custom_op("dflash_zoo::rope_store", mutates_args=("k_cache", "v_cache"))
@@ -164,6 +151,18 @@ def _(qkv, q_weight, k_weight, cos, sin, positions, k_cache, v_cache, heads, eps
     return qkv.new_empty(heads, qkv.shape[0], k_cache.shape[-1])
 
 
+def _norm_launch(x, delta, bias, weight, gate, total, y, eps, fp32_weight, offset, gated: bool, parts: bool):
+    """One `rms_norm` program per row; with `delta` the residual add first (into `total`)."""
+    n = x.shape[-1]
+    d = _pow2(n)
+    add = delta is not None
+    _kernels()[1][(x.numel() // n,)](
+        x, delta if add else x, bias if bias is not None else weight, weight, gate, total if add else y, y, n,
+        delta.shape[0] if parts else 1, eps, offset, D=d, FP32_WEIGHT=fp32_weight, GATED=gated, ADD=add,
+        PARTS=parts, BIAS=bias is not None, num_warps=4 if d <= 2048 else 8,
+    )  # fmt: skip
+
+
 @torch.library.custom_op("dflash_zoo::rms_norm", mutates_args=())
 def rms_norm(
     x: torch.Tensor,
@@ -177,15 +176,10 @@ def rms_norm(
     or with `fp32_weight` (normed(x) * (offset + weight)).to(dtype), all in fp32: gpt-oss and Gemma 4 (offset 0),
     Qwen3.5 / Qwen3-Next (offset 1, their zero-centred weights). With `gate` [..., n] the result is then
     multiplied by silu(gate) in fp32 and rounded (the gated norm of Gated-DeltaNet layers)."""
-    n = x.shape[-1]
     x, weight = x.contiguous(), weight.contiguous()
     g = gate.contiguous() if gate is not None else x
     y = torch.empty_like(x)
-    d = _pow2(n)
-    _kernels()[1][(x.numel() // n,)](
-        x, weight, g, y, n, eps, offset, D=d, FP32_WEIGHT=fp32_weight, GATED=gate is not None,
-        num_warps=4 if d <= 2048 else 8,
-    )  # fmt: skip
+    _norm_launch(x, None, None, weight, g, None, y, eps, fp32_weight, offset, gate is not None, False)
     return y
 
 
@@ -226,16 +220,11 @@ def add_rms_norm(
     """x [..., n] + delta -> (the sum [..., n], its RMSNorm as `rms_norm` computes it). delta is [..., n] like
     x, or with `parts` the fp32 partial sums [splits, rows, n] of a few-row GEMV (`gemv.gemv_parts`), added
     in order with `bias` and rounded to x's dtype first, as `gemv.gemv` would return them."""
-    n = x.shape[-1]
     x, weight, delta = x.contiguous(), weight.contiguous(), delta.contiguous()
     if parts and delta[0].numel() != x.numel():
         raise ValueError(f"partial sums {list(delta.shape)} are not of rows like {list(x.shape)}")
     total, y = torch.empty_like(x), torch.empty_like(x)
-    d = _pow2(n)
-    _kernels()[3][(x.numel() // n,)](
-        x, delta, bias if bias is not None else weight, weight, total, y, n, delta.shape[0] if parts else 1, eps,
-        offset, D=d, FP32_WEIGHT=fp32_weight, PARTS=parts, BIAS=bias is not None, num_warps=4 if d <= 2048 else 8,
-    )  # fmt: skip
+    _norm_launch(x, delta, bias, weight, x, total, y, eps, fp32_weight, offset, False, parts)
     return total, y
 
 

@@ -136,20 +136,19 @@ class StaticGDN:
         t = k.shape[1]
         self.window.copy_(conv_in.index_select(-1, n + torch.arange(self.k_size - 1, device=n.device)))
         self._pending = None
-        if self.recurrent_commit:  # the rows past n are identity steps (beta 0, log decay 0), as below
-            keep = (torch.arange(t, device=n.device) < n)[None, :, None]  # [1, T, 1]
+        # rows past n: beta 0 and log decay 0 leave the state as it is (identity steps), at a fixed shape
+        keep = (torch.arange(t, device=n.device) < n).float()[None, :, None]  # [1, T, 1]
+        if self.recurrent_commit:
             _, final = self.recurrent_rule(
-                k, k, v, g=g * keep, beta=beta * keep, initial_state=self.state, output_final_state=True,
+                k, k, v, g=g * keep, beta=beta * keep.to(beta.dtype), initial_state=self.state, output_final_state=True,
                 use_qk_l2norm_in_kernel=True,
             )  # the output (k stands in for q) is not used
             self.state.copy_(final)
             return
-        keep = (torch.arange(t, device=n.device) < n).float()[None, :, None]  # [1, T, 1]
         k = k.float()
         k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)  # the kernels' l2 norm of the keys
         k = k.transpose(1, 2)  # [1, Hv, T, Dk] (heads repeated in __call__)
         v = v.float().transpose(1, 2)  # [1, Hv, T, Dv]
-        # rows past n: beta 0 and log decay 0 leave the state as it is (identity steps), at a fixed shape
         g, beta = ((y.float() * keep).transpose(1, 2) for y in (g, beta))  # [1, Hv, T]
         self.state.copy_(gated_delta_final_state(self.state, k, v, g, beta))
 

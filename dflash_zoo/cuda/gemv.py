@@ -117,9 +117,7 @@ GEMV_CONFIGS = [
     for bk in (128, 256)
     for per_sm in (4, 8)
 ]
-# few rows (2..ROWS): (output columns per program, K per iteration, programs per SM, warps); per_sm 1 at wide N
-# gives one K slice, whose program writes the output itself (no partial sums, no second kernel)
-ROWS = 16
+ROWS = 16  # the most rows `gemv` takes to its own kernels
 
 
 def max_rows() -> int:
@@ -129,6 +127,8 @@ def max_rows() -> int:
     return min(ROWS, max(1, int(os.environ.get("DFLASH_ZOO_GEMV_ROWS", "1"))))
 
 
+# few rows (2..ROWS): (output columns per program, K per iteration, programs per SM, warps); per_sm 1 at wide N
+# gives one K slice, whose program writes the output itself (no partial sums, no second kernel)
 GEMM_CONFIGS = [(bn, bk, per_sm, 4) for bn in (32, 64) for bk in (64, 128) for per_sm in (1, 2, 4)]
 CUBLAS = None  # the config that runs `F.linear` instead: timed beside the kernel's where a plain output is wanted
 _tuned: dict[tuple, tuple[int, int, int, int] | None] = {}

@@ -7,8 +7,8 @@ each program takes one KV head and one chunk of keys (~2 programs per SM), all t
 (GQA rows share the K/V tile), and a second kernel merges the chunks' partial softmaxes. Same masked semantics
 as `attention._grouped_sdpa`: an additive mask row per query row; key tiles hidden from every row are skipped.
 
-It is a torch custom op, so `torch.compile` sees one opaque call and CUDA graphs capture the launches. They
-run on CUDA, or anywhere under Triton's interpreter (`TRITON_INTERPRET=1`, CPU tests). Triton is imported on
+It is a torch custom op, so `torch.compile` sees one opaque call and CUDA graphs capture the launches. It
+runs on CUDA, or anywhere under Triton's interpreter (`TRITON_INTERPRET=1`, CPU tests). Triton is imported on
 first use only.
 """
 

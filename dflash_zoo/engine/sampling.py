@@ -17,7 +17,6 @@ sampling uses the exponential race (argmax of p / E with E ~ Exp(1) picks i with
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -34,8 +33,10 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """[..., V] probabilities -> top-p filtered and renormalised: keep token i when the mass of the tokens
     strictly more probable than i is below top_p (the top token always stays; ties stay or go together).
     On CUDA without a sort (`cuda/nucleus.py`); elsewhere from the sorted probabilities."""
+    from dflash_zoo.cuda import kernels
+
     flat = probs.reshape(-1, probs.shape[-1])
-    if flat.is_cuda and _triton():
+    if flat.is_cuda and kernels.available(flat.device) is None:
         from dflash_zoo.cuda.nucleus import nucleus_mask
 
         kept = nucleus_mask(flat.float(), top_p)
@@ -47,15 +48,6 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
         last = (before < top_p).sum(-1, keepdim=True) - 1
         kept = flat.masked_fill(flat < ordered.gather(-1, last), 0.0)
     return (kept / kept.sum(-1, keepdim=True)).view(probs.shape)
-
-
-@functools.cache
-def _triton() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def processed_probs(
