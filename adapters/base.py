@@ -105,9 +105,25 @@ class SparseMoE:
     router_args: tuple[str, ...] = ()  # block attributes passed to the router after x (MiniMax: a score bias)
     shared_expert: str | None = None  # an always-on expert beside the routed ones (Qwen3.5-MoE, Qwen3-Next)
     shared_expert_gate: str | None = None  # its sigmoid gate
+    # the router's rule, for one kernel over its logits (`router.weight`, `router.bias` if any) instead of the
+    # module: "softmax_topk" (softmax over every expert in fp32, the top k, renormalised where `renormalize`
+    # says), "topk_softmax" (the top k logits, softmaxed in their dtype); None: the router module runs
+    routing: str | None = None
+    renormalize: str | bool = True  # softmax_topk: renormalise the top-k weights; a str names the router's flag
+    # the experts' gated activation, for the down projection's kernel to compute from the gate/up output: "silu"
+    # (silu(gate) * up over [gate | up] halves, where the config's activation is SiLU), "clamped_swiglu"
+    # (interleaved gate/up, both clamped at the module's `limit`, (up + 1) * gate * sigmoid(alpha * gate));
+    # None: the module's own `_apply_gate`
+    expert_gate: str | None = None
     # config attribute naming transformers' experts implementation (`integrations/moe.py`): the static engine
     # reads it to tell whether a step would sync with the host, so whether it can be a CUDA graph
     implementation: str = "_experts_implementation"
+
+    def __post_init__(self):
+        if self.routing not in (None, "softmax_topk", "topk_softmax"):
+            raise ValueError(f"SparseMoE: unknown routing {self.routing!r}")
+        if self.expert_gate not in (None, "silu", "clamped_swiglu"):
+            raise ValueError(f"SparseMoE: unknown expert_gate {self.expert_gate!r}")
 
 
 @dataclass(frozen=True)

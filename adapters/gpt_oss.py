@@ -13,8 +13,10 @@ Quirks:
   the generation config's eos ids;
 - fast path: full layers over a static K/V buffer, sliding ones over a ring of window + 2 x block slots,
   sinks joined to every softmax, biased projections, the RMSNorm weight multiplied in fp32 (so its module
-  runs), half-width rotary tables over the two halves of a head; the MoE block (router + biased, clamped
-  SwiGLU experts) runs as its module and returns (states, router scores);
+  runs), half-width rotary tables over the two halves of a head; the MoE block's router takes the top 4 of
+  its biased logits, then softmaxes them; its biased experts interleave gate and up columns and clamp both at
+  `limit` before `(up + 1) * gate * sigmoid(alpha * gate)` (declared, so the fast path runs the rule and the
+  activation in its own kernels); the block's module returns (states, router scores);
 - MoE experts ship as MXFP4; without MXFP4 kernels transformers dequantizes them (20b: about 40 GB in bf16).
 """
 
@@ -37,7 +39,7 @@ class GptOssAdapter(TargetAdapter):
     static_layout = StaticLayout(
         attention=StaticAttention(sinks="sinks"),
         mlp=None,
-        moe=SparseMoE(router="router"),
+        moe=SparseMoE(router="router", routing="topk_softmax", expert_gate="clamped_swiglu"),
         rotary_halves=True,
         norms="fp32_weight",
         layer_types=("sliding_attention", "full_attention"),

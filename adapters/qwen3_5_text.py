@@ -24,10 +24,13 @@ from dflash_zoo.adapters._hybrid import HybridGDNAdapter
 from dflash_zoo.adapters.base import SparseMoE, StaticAttention, StaticGDN, StaticLayout
 
 # the gated full-attention layers (q/k norms, [query | gate] q_proj) and the GDN layers; MoE variants' sparse
-# blocks (experts + shared expert) run as their modules
+# blocks: routed experts plus a gated shared expert
 HYBRID_LAYOUT = StaticLayout(
     attention=StaticAttention(q_norm="q_norm", k_norm="k_norm", output_gate=True),
-    moe=SparseMoE(shared_expert="shared_expert", shared_expert_gate="shared_expert_gate"),
+    # the router always renormalises its top k (it has no norm_topk_prob); experts are [gate | up] with SiLU
+    moe=SparseMoE(
+        shared_expert="shared_expert", shared_expert_gate="shared_expert_gate", routing="softmax_topk", expert_gate="silu"
+    ),
     norms="fp32_one_plus_weight",
     rotary_axes=3,  # mRoPE position ids (time, height, width), as the text model builds them
     linear=StaticGDN(),

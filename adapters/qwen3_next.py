@@ -33,6 +33,7 @@ class Qwen3NextAdapter(HybridGDNAdapter):
     static_layout = dataclasses.replace(
         HYBRID_LAYOUT,
         rotary_axes=0,  # a plain (1-D) rotary embedding
+        moe=dataclasses.replace(HYBRID_LAYOUT.moe, renormalize="norm_topk_prob"),  # its router has the flag
         linear=dataclasses.replace(HYBRID_LAYOUT.linear, in_proj=("in_proj_qkvz", "in_proj_ba")),
     )
 

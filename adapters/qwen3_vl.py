@@ -35,7 +35,7 @@ class Qwen3VLAdapter(TargetAdapter):
     notes = "VLM wrapper; mRoPE deltas reset per generation"
     static_layout = StaticLayout(
         attention=StaticAttention(q_norm="q_norm", k_norm="k_norm"),
-        moe=SparseMoE(),
+        moe=SparseMoE(routing="softmax_topk", expert_gate="silu"),  # Qwen3-VL-MoE: always renormalised
         rotary_emb="model.language_model.rotary_emb",
         rotary_axes=3,
         cuda_verified=True,

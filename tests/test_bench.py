@@ -76,6 +76,8 @@ def test_bench_record_schema_and_projection(monkeypatch):
         "gemv": False,
         "gemv_configs": None,
         "fused_ops": False,
+        "moe_rows": 0,  # the switch in the environment applies only where the GEMV kernels run
+        "expert_configs": None,
     }
     prov = rec["provenance"]
     assert prov["argv"] == ["test"] and {"torch", "transformers"} <= set(prov["versions"])

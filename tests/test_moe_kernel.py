@@ -1,6 +1,7 @@
-"""The expert GEMV of cuda/moe.py: a sparse block's routed experts, pair by pair, against the experts module's
-own forward (every MoE family with a static layout: plain, biased and transposed, interleaved gate/up,
-shared experts, a router with extra arguments), and inside the static engine for one-row and verify steps.
+"""The kernels of cuda/moe.py: a sparse block's routing rule against its router module, and its routed experts,
+pair by pair, against the experts module's own forward (every MoE family with a static layout: plain, biased
+and transposed, interleaved and clamped gate/up, shared experts, a router with extra arguments), with the
+declared activation in the down kernel and without; and inside the static engine for one-row and verify steps.
 
 CPU runs the kernel under Triton's interpreter (fp32); the GPU test covers bf16 in a CUDA graph.
 """
@@ -25,6 +26,7 @@ def _sparse_layers(adapter):
 
 
 MOE_TYPES = [t for t in STATIC_MODEL_TYPES if _sparse_layers(static_pair(t)[0])]
+ROUTED_TYPES = [t for t in MOE_TYPES if _sparse_layers(static_pair(t)[0])[0][0].moe_parts.routing is not None]
 
 
 def test_the_matrix_has_moe_families_of_every_kind():
@@ -33,31 +35,77 @@ def test_the_matrix_has_moe_families_of_every_kind():
     assert {"qwen3_moe", "gpt_oss", "qwen3_5_moe_text", "minimax_m2"} <= set(MOE_TYPES)
 
 
+def test_the_declared_rules_cover_every_kind():
+    """Each declared routing rule and fused activation is exercised by some family of the matrix."""
+    parts = [_sparse_layers(static_pair(t)[0])[0][0].moe_parts for t in MOE_TYPES]
+    assert {p.routing.rule for p in parts if p.routing} == {"softmax_topk", "topk_softmax"}
+    # qwen3_moe's tiny config leaves its top k unnormalised (norm_topk_prob false), the others renormalise
+    assert {p.routing.renormalize for p in parts if p.routing and p.routing.rule == "softmax_topk"} == {True, False}
+    assert {p.gate.kind for p in parts if p.gate} == {"silu", "clamped_swiglu"}
+    assert any(p.routing is None for p in parts) and any(p.gate is None for p in parts)  # modules run too
+
+
+def _inputs(adapter, rows: int, seed: int, scale: float = 1.0):
+    return scale * torch.randn(rows, adapter.text_config.hidden_size, generator=torch.Generator().manual_seed(seed))
+
+
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("model_type", MOE_TYPES)
 def test_routed_experts_equal_the_module(interpret, model_type, rows):  # noqa: F811
+    """With the module's activation between the projections and with the declared one in the down kernel; x
+    scaled up too, so that gpt-oss's clamps bite."""
     adapter, _ = static_pair(model_type)
-    m, block = _sparse_layers(adapter)[0]
-    router, args, experts, _, _ = m.moe_parts
-    x = torch.randn(rows, adapter.text_config.hidden_size, generator=torch.Generator().manual_seed(rows))
+    p = _sparse_layers(adapter)[0][0].moe_parts
+    for scale in (1.0, 30.0):
+        x = _inputs(adapter, rows, rows, scale)
+        with torch.no_grad():
+            _, weights, index = p.router(x, *p.router_args)
+            want = p.experts(x, index, weights)
+            for gate in {None, p.gate}:
+                got = moe.routed(p.experts, x, index, weights, gate)
+                assert got.shape == want.shape and got.dtype == want.dtype
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("model_type", ROUTED_TYPES)
+def test_routing_kernel_equals_the_router(interpret, model_type, rows):  # noqa: F811
+    adapter, _ = static_pair(model_type)
+    p = _sparse_layers(adapter)[0][0].moe_parts
+    x = _inputs(adapter, rows, 7)
     with torch.no_grad():
-        _, weights, index = router(x, *args)
-        want = experts(x, index, weights)
-        got = moe.routed(experts, x, index, weights)
-    assert got.shape == want.shape and got.dtype == want.dtype
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        logits, want_w, want_i = p.router(x, *p.router_args)
+        w, i = moe.route(logits, p.routing.top_k, p.routing.rule, p.routing.renormalize)
+        assert torch.equal(i, want_i)
+        torch.testing.assert_close(w, want_w)
+        # the comparison can fail: weights not renormalised (or renormalised where they were not) differ; a
+        # renormalised softmax_topk equals topk_softmax (softmax over the top k), so that is no counter-example
+        flip = not p.routing.renormalize if p.routing.rule == "softmax_topk" else False
+        assert not torch.allclose(moe.route(logits, p.routing.top_k, "softmax_topk", flip)[0], want_w)
+    with pytest.raises(ValueError, match="routing rule"):
+        moe.route(logits, 2, "sigmoid", True)
+
+
+def test_routing_picks_the_top_k_in_order_and_breaks_ties_low(interpret):  # noqa: F811
+    logits = torch.tensor([[0.5, 3.0, -1.0, 3.0, 2.0, 0.0]])
+    w, i = moe.route(logits, 3, "topk_softmax", False)
+    assert i.tolist() == [[1, 3, 4]]  # descending; of the equal logits the lower id first
+    torch.testing.assert_close(w, torch.softmax(torch.tensor([[3.0, 3.0, 2.0]]), -1))
+    w, i = moe.route(logits, 2, "softmax_topk", True)
+    assert i.tolist() == [[1, 3]] and torch.allclose(w, torch.tensor([[0.5, 0.5]]))
 
 
 @pytest.mark.parametrize("model_type", MOE_TYPES)
 def test_a_wrong_expert_is_caught(interpret, model_type):  # noqa: F811
     """The comparison above can fail: routing every pair to another expert changes the output."""
     adapter, _ = static_pair(model_type)
-    router, args, experts, _, _ = _sparse_layers(adapter)[0][0].moe_parts
-    x = torch.randn(1, adapter.text_config.hidden_size, generator=torch.Generator().manual_seed(0))
+    p = _sparse_layers(adapter)[0][0].moe_parts
+    x = _inputs(adapter, 1, 0)
     with torch.no_grad():
-        _, weights, index = router(x, *args)
-        wrong = (index + 1) % experts.gate_up_proj.shape[0]
-        assert not torch.allclose(moe.routed(experts, x, wrong, weights), experts(x, index, weights), atol=1e-4)
+        _, weights, index = p.router(x, *p.router_args)
+        wrong = (index + 1) % p.experts.gate_up_proj.shape[0]
+        want = p.experts(x, index, weights)
+        assert not torch.allclose(moe.routed(p.experts, x, wrong, weights, p.gate), want, atol=1e-4)
 
 
 @pytest.mark.parametrize("moe_rows", [1, pytest.param(16, marks=pytest.mark.slow)])  # 16: ~15 s each
@@ -71,6 +119,20 @@ def test_engine_with_the_expert_gemv_equals_eager(interpret, model_type, moe_row
     eager, fast = _eager(adapter, drafter, prompt, cfg), eng.speculative(prompt, cfg)
     assert fast.output_ids == eager.output_ids == eng.autoregressive(prompt, cfg).output_ids
     assert [s.proposed for s in fast.steps] == [s.proposed for s in eager.steps]
+
+
+def test_one_row_experts_are_summed_by_the_next_norm(interpret, monkeypatch):  # noqa: F811
+    """With the norm kernels on, a one-row step's weighted expert slices go to the next residual add unsummed
+    (`static.Parts`) where nothing reads the layer's output before it; tokens stay the eager loop's (fp32)."""
+    adapter, drafter = static_pair("gpt_oss")  # the top-k-then-softmax rule and the clamped gate, in kernels
+    eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, gemv=True, fused_ops=True)
+    assert any(eng.target.fold_down) and not all(eng.target.fold_down)  # tap layers keep their sums
+    seen, real = [], moe.routed_parts
+    monkeypatch.setattr(moe, "routed_parts", lambda *a, **k: seen.append(a[1].shape[0]) or real(*a, **k))
+    cfg = GenerationConfig(max_new_tokens=6)
+    prompt = _prompts(1)[0]
+    assert eng.autoregressive(prompt, cfg).output_ids == _eager(adapter, drafter, prompt, cfg).output_ids
+    assert seen and set(seen) == {1}  # one-row steps only (the prefill runs the module's experts)
 
 
 def test_moe_rows_off_cuda_needs_the_interpreter(monkeypatch):
@@ -87,20 +149,24 @@ def test_moe_rows_off_cuda_needs_the_interpreter(monkeypatch):
 def test_expert_gemv_bf16_on_cuda_is_close_and_captures(model_type):
     adapter, _ = static_pair(model_type, "cuda")
     adapter.model.to(torch.bfloat16)
-    router, args, experts, _, _ = _sparse_layers(adapter)[0][0].moe_parts
+    p = _sparse_layers(adapter)[0][0].moe_parts
     x = torch.randn(1, adapter.text_config.hidden_size, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
-        _, weights, index = router(x, *args)
-        ref = experts.float()(x.float(), index, weights.float())
-        experts.to(torch.bfloat16)
-        got = moe.routed(experts, x, index, weights)
+        logits, weights, index = p.router(x, *p.router_args)
+        w, i = moe.route(logits, p.routing.top_k, p.routing.rule, p.routing.renormalize)
+        assert torch.equal(i, index) and torch.equal(w, weights)
+        want = p.experts(x, index, weights)  # the module in bf16
+        ref = p.experts.float()(x.float(), index, weights.float())
+        p.experts.to(torch.bfloat16)
+        got = moe.routed(p.experts, x, index, weights, p.gate)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            replayed = moe.routed(experts, x, index, weights)
+            replayed = moe.routed(p.experts, x, index, weights, p.gate)
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(replayed, got)
     assert (got.float() - ref).norm() / ref.norm() < 2e-2
+    assert (got.float() - want.float()).norm() / want.float().norm() < 1e-2
 
 
 @pytest.mark.slow  # ~15 s
@@ -111,7 +177,7 @@ def test_gemma4_experts_beside_the_dense_mlp_through_the_gemv(interpret):  # noq
 
     adapter, drafter = static_pair("gemma4", **GEMMA_VARIANTS["moe_branch"])
     eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, moe_rows=16)
-    router, experts = eng.target.layers[0].moe_branch[:2]
+    router, experts = eng.target.layers[0].moe_branch[:2]  # its own router: no declared rule
     x = torch.randn(3, adapter.text_config.hidden_size, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         _, weights, index = router(x)

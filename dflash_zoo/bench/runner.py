@@ -27,7 +27,7 @@ import torch
 from dflash_zoo.bench import meta as benchmeta
 from dflash_zoo.bench.shapes import CODER_MOE, SHAPES, Shape, shape_target  # noqa: F401 (re-exported)
 from dflash_zoo.bench.shapes import shape_drafter as _random_drafter
-from dflash_zoo.cuda import gemv
+from dflash_zoo.cuda import gemv, moe
 from dflash_zoo.engine.decode import EagerEngine
 from dflash_zoo.engine.results import GenerationConfig, GenerationResult
 from dflash_zoo.engine.run import Engine
@@ -238,6 +238,8 @@ def _engine_settings(eng: Any) -> dict[str, Any]:
         "gemv": eng.gemv,
         "gemv_configs": gemv.tuned_configs() if eng.gemv else None,  # (rows, K tile, programs/SM, warps)
         "fused_ops": eng.fused_ops,
+        "moe_rows": eng.moe_rows,
+        "expert_configs": moe.tuned_configs() if eng.moe_rows else None,  # (rows, K tile, warps)
     }
 
 

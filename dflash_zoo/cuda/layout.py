@@ -19,10 +19,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_zoo.adapters.base import SparseMoE
+from dflash_zoo.cuda.moe import ExpertGate, Routing, supported
 from dflash_zoo.errors import UnsupportedModelError
 
 if TYPE_CHECKING:
     from dflash_zoo.adapters.base import StaticLayout, TargetAdapter
+
+
+class MoEParts(NamedTuple):
+    """A sparse block's parts (`SparseMoE`), for the routing kernel and the expert GEMV (moe.py)."""
+
+    router: nn.Module  # called (x [N, H], *router_args) -> (logits, top-k weights, top-k indices)
+    router_args: tuple[Any, ...]
+    experts: nn.Module
+    shared: nn.Module | None  # an always-on expert, gated per row by sigmoid(shared_gate(x))
+    shared_gate: nn.Module | None
+    routing: Routing | None  # the router's declared rule (a kernel over `router.weight`); None: the module
+    gate: ExpertGate | None  # the experts' declared activation (in the down kernel); None: `_apply_gate`
+    # the shared expert's gate, up, down projections and activation, where it has the dense MLPs' names
+    shared_mlp: tuple[nn.Linear, nn.Linear, nn.Linear, Callable] | None
 
 
 class LayerModules(NamedTuple):
@@ -56,9 +71,7 @@ class LayerModules(NamedTuple):
     attn_out_norm: nn.Module | None = None  # sandwich norms (Gemma) on the sublayer outputs
     mlp_out_norm: nn.Module | None = None
     moe_branch: tuple[nn.Module, ...] | None = None  # (router, experts, dense out, experts in, experts out norms)
-    # a sparse block's parts for the expert GEMV (`SparseMoE`): (router, router args, experts, shared expert,
-    # its gate); None: the block runs as its module
-    moe_parts: tuple[Any, ...] | None = None
+    moe_parts: MoEParts | None = None  # a sparse block's parts for the expert GEMV; None: it runs as its module
     per_layer: tuple[nn.Module, ...] | None = None  # (gate, projection, norm, act) of the per-layer input
     scalar: torch.Tensor | None = None  # multiplies the layer's output
 
@@ -172,7 +185,7 @@ def _layer(adapter: TargetAdapter, layout: StaticLayout, i: int, kind: str, laye
     mlp = _lookup(adapter, layer, layout.mlp_path, where)
     gate = up = down = act = moe_parts = None
     if _is_sparse(layout, mlp):
-        moe_parts = _moe_parts(adapter, layout.moe, mlp, f"{where}.{layout.mlp_path}")
+        moe_parts = _moe_parts(adapter, layout, mlp, f"{where}.{layout.mlp_path}")
     elif layout.mlp is None:
         raise UnsupportedModelError(
             f"{where}'s MLP ({type(mlp).__name__}) has no {layout.moe.experts!r} child, and the static "
@@ -192,17 +205,32 @@ def _layer(adapter: TargetAdapter, layout: StaticLayout, i: int, kind: str, laye
     )  # fmt: skip
 
 
-def _moe_parts(adapter: TargetAdapter, moe: SparseMoE, block: nn.Module, where: str) -> tuple[Any, ...] | None:
-    """(router, router args, experts, shared expert, its gate) of a sparse block, or None where the expert
-    GEMV cannot run its experts (they keep the block's own forward)."""
-    from dflash_zoo.cuda.moe import supported
-
+def _moe_parts(adapter: TargetAdapter, layout: StaticLayout, block: nn.Module, where: str) -> MoEParts | None:
+    """A sparse block's parts, or None where the expert GEMV cannot run its experts (they keep the block's own
+    forward)."""
+    moe = layout.moe
     experts = _lookup(adapter, block, moe.experts, where)
     if supported(experts) is not None:
         return None
     get = lambda name: None if name is None else _lookup(adapter, block, name, where)  # noqa: E731
+    router = get(moe.router)
+    routing = gate = None
+    if moe.routing is not None:
+        if not isinstance(getattr(router, "weight", None), torch.Tensor) or not hasattr(router, "top_k"):
+            raise UnsupportedModelError(f"{where}.{moe.router} has no weight and top_k for its declared routing")
+        renorm = getattr(router, moe.renormalize) if isinstance(moe.renormalize, str) else moe.renormalize
+        routing = Routing(moe.routing, int(router.top_k), bool(renorm))
+    if moe.expert_gate == "clamped_swiglu":
+        gate = ExpertGate("clamped_swiglu", float(experts.limit), float(experts.alpha))
+    elif moe.expert_gate == "silu" and getattr(adapter.text_config, "hidden_act", None) in ("silu", "swish"):
+        gate = ExpertGate("silu")
     args = tuple(get(a) for a in moe.router_args)
-    return get(moe.router), args, experts, get(moe.shared_expert), get(moe.shared_expert_gate)
+    shared, mlp = get(moe.shared_expert), None
+    names = (layout.mlp.gate_proj, layout.mlp.up_proj, layout.mlp.down_proj) if layout.mlp else ()
+    if shared is not None and names and all(hasattr(shared, n) for n in names):  # runs as a dense MLP would
+        sw = f"{where}.{moe.shared_expert}"
+        mlp = (*(_linear(adapter, shared, n, sw) for n in names), _lookup(adapter, shared, layout.mlp.act_fn, sw))
+    return MoEParts(router, args, experts, shared, get(moe.shared_expert_gate), routing, gate, mlp)
 
 
 def _extras(adapter: TargetAdapter, layout: StaticLayout, layer: nn.Module, where: str) -> dict:

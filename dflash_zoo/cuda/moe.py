@@ -1,29 +1,64 @@
-"""Routed experts of a sparse MoE block for a few rows: one Triton GEMV per projection over the chosen experts.
+"""Sparse MoE blocks for a few rows: the router's rule in one kernel, and one Triton GEMV per projection over the
+chosen experts.
 
-Why: transformers' `grouped_mm` experts path sorts the (token, expert) pairs, counts tokens per expert,
-gathers, runs two grouped GEMMs sized for many rows and scatters back: ~25 kernels a layer, and at one row the
-MoE block of a Qwen3-Coder-30B-A3B shape took most of a 7.9 ms step for 6.1 GB of weights
-(docs/performance.md). Here each (token, expert) pair is one GEMV row block that reads only its expert's
-weights: `expert_linear` for the gate/up and the down projection, the experts module's own `_apply_gate`
-between them (each family's activation, clamps and gate/up interleaving stay its own), then the routing
-weights and the sum over a token's experts as transformers computes them.
+Why: transformers' router is ~6 kernels (linear, softmax, top-k's two, sum, division) and its `grouped_mm`
+experts path sorts the (token, expert) pairs, counts tokens per expert, gathers, runs two grouped GEMMs sized
+for many rows and scatters back: ~25 kernels a layer. At one row the MoE block of a Qwen3-Coder-30B-A3B shape
+took most of a 7.9 ms step for 6.1 GB of weights (docs/performance.md). Here:
+- `route`: the declared routing rule (`SparseMoE.routing`) over the router's logits, one program per row;
+- `expert_linear`: each (token, expert) pair is one GEMV row block that reads only its expert's weights, for
+  the gate/up and the down projection; the down kernel can compute the declared gated activation from the
+  gate/up output itself (`SparseMoE.expert_gate`; else the module's `_apply_gate` runs between them) and can
+  multiply by the routing weight, writing fp32 [k, rows, H] slices whose in-order sum is the block's output
+  (`static.Parts`: the next residual add sums them, or `Parts.total`).
+Every op is rounded to the dtype where transformers rounds it (each GEMM output, the bias add, each step of
+the activation, the weighted product), so the kernels compute what the modules compute, up to fp32 summation
+order. The tile configuration is timed once per shape on CUDA, outside graph capture (`_config`).
 
 The weight layouts are the ones transformers' experts decorator declares on the module (`integrations/moe.py`:
 `is_transposed`, `has_bias`, `has_gate`); a module without them, or with a post-expert norm, keeps its own
-forward (`supported`). The GEMV is a torch custom op, so CUDA graphs capture its launch and `torch.compile`
-sees one call; under Triton's interpreter it runs on CPU (tests).
+forward (`supported`). Torch custom ops, so CUDA graphs capture their launches and `torch.compile` sees one call
+each; under Triton's interpreter they run on CPU (tests).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-# (output rows per program, K per iteration, warps)
-CONFIG = (32, 128, 4)
+from dflash_zoo.cuda.kernels import _pow2
+
+log = logging.getLogger("dflash_zoo")
+
+# (output rows per program, K per iteration, warps): the candidates `_config` times per shape (the first one
+# under the interpreter); wide row tiles suit transposed weights, whose output rows are the contiguous axis
+CONFIGS = [(32, 128, 4), (16, 128, 4), (16, 256, 4), (32, 256, 8), (64, 64, 4), (64, 128, 8), (128, 32, 4),
+           (128, 64, 8), (256, 32, 8)]  # fmt: skip
+GATES = {None: 0, "silu": 1, "clamped_swiglu": 2}  # SparseMoE.expert_gate -> the kernel's ACT
+_tuned: dict[tuple, tuple[int, int, int]] = {}
+
+
+@dataclass(frozen=True)
+class Routing:
+    """A router's declared rule (`SparseMoE.routing`), resolved against its module."""
+
+    rule: str  # "softmax_topk" or "topk_softmax"
+    top_k: int
+    renormalize: bool  # softmax_topk: the top-k weights divided by their sum
+
+
+@dataclass(frozen=True)
+class ExpertGate:
+    """The declared gated activation (`SparseMoE.expert_gate`) with the module's constants."""
+
+    kind: str  # "silu" or "clamped_swiglu"
+    limit: float = 0.0
+    alpha: float = 0.0
 
 
 def supported(experts: nn.Module) -> str | None:
@@ -39,72 +74,213 @@ def supported(experts: nn.Module) -> str | None:
 
 
 @functools.cache
-def _kernel():
+def _kernels():
     import triton
     import triton.language as tl
 
     @triton.jit
-    def expert_gemv(X, W, Bias, Idx, Out, n_out, k_in, per_row, s_e, s_n, s_k,
-                    BN: tl.constexpr, BK: tl.constexpr, BIAS: tl.constexpr):  # fmt: skip
+    def expert_gemv(X, W, Bias, Idx, RW, Out, n_out, k_in, per_row, x_stride, s_e, s_n, s_k, top_k, limit, alpha,
+                    BN: tl.constexpr, BK: tl.constexpr, BIAS: tl.constexpr, ACT: tl.constexpr,
+                    WEIGHTED: tl.constexpr):  # fmt: skip
         s, pn = tl.program_id(0), tl.program_id(1)  # (token, expert) pair, output rows
         e = tl.load(Idx + s).to(tl.int64)
-        x_row = s // per_row  # the pair's token
+        xr = X + (s // per_row) * x_stride  # the pair's input row
         rows = pn * BN + tl.arange(0, BN)
         rok = rows < n_out
         acc = tl.zeros([BN, BK], tl.float32)
         for k0 in range(0, k_in, BK):
             cols = k0 + tl.arange(0, BK)
             cok = cols < k_in
-            x = tl.load(X + x_row * k_in + cols, mask=cok, other=0.0).to(tl.float32)
+            if ACT == 1:  # silu(gate) * up over [gate | up] halves; silu and the product each rounded
+                u = tl.load(xr + k_in + cols, mask=cok, other=0.0)
+                g = tl.load(xr + cols, mask=cok, other=0.0).to(tl.float32)
+                a = (g / (1.0 + tl.exp(-g))).to(u.dtype)
+                x = (a.to(tl.float32) * u.to(tl.float32)).to(u.dtype)
+            elif ACT == 2:  # interleaved gate/up, clamped; (up + 1) * gate * sigmoid(alpha * gate), each op rounded
+                u = tl.load(xr + 2 * cols + 1, mask=cok, other=0.0)
+                g = tl.load(xr + 2 * cols, mask=cok, other=0.0)
+                dt = u.dtype
+                gf = tl.minimum(g.to(tl.float32), limit).to(dt).to(tl.float32)
+                uf = tl.maximum(tl.minimum(u.to(tl.float32), limit), -limit).to(dt).to(tl.float32)
+                ga = (gf * alpha).to(dt).to(tl.float32)
+                sg = (1.0 / (1.0 + tl.exp(-ga))).to(dt).to(tl.float32)
+                glu = (gf * sg).to(dt).to(tl.float32)
+                x = ((uf + 1.0).to(dt).to(tl.float32) * glu).to(dt)
+            else:
+                x = tl.load(xr + cols, mask=cok, other=0.0)
             w = tl.load(
                 W + e * s_e + rows[:, None] * s_n + cols[None, :] * s_k,
                 mask=rok[:, None] & cok[None, :],
                 other=0.0,
             )
-            acc += w.to(tl.float32) * x[None, :]
-        y = tl.sum(acc, 1).to(Out.dtype.element_ty)  # rounded as a GEMM's output, then the bias added
+            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        dtype = X.dtype.element_ty
+        y = tl.sum(acc, 1).to(dtype)  # rounded as a GEMM's output, then the bias added
         if BIAS:
             b = tl.load(Bias + e * n_out + rows, mask=rok, other=0.0)
-            y = (y.to(tl.float32) + b.to(tl.float32)).to(Out.dtype.element_ty)
-        tl.store(Out + s * n_out + rows, y, mask=rok)
+            y = (y.to(tl.float32) + b.to(tl.float32)).to(dtype)
+        if WEIGHTED:  # times the routing weight (rounded), into slice j of [k, tokens, N] for pair (t, j)
+            y = (y.to(tl.float32) * tl.load(RW + s).to(tl.float32)).to(dtype)
+            tokens = tl.num_programs(0) // top_k
+            tl.store(Out + ((s % top_k) * tokens + s // top_k) * n_out + rows, y.to(tl.float32), mask=rok)
+        else:
+            tl.store(Out + s * n_out + rows, y, mask=rok)
 
-    return expert_gemv
+    @triton.jit
+    def route(L, Wt, Ix, n_exp, top_k, E: tl.constexpr, KP: tl.constexpr, SOFTMAX_FIRST: tl.constexpr,
+              RENORM: tl.constexpr):  # fmt: skip
+        t, e = tl.program_id(0), tl.arange(0, E)
+        ok = e < n_exp
+        score = tl.load(L + t * n_exp + e, mask=ok, other=float("-inf")).to(tl.float32)
+        if SOFTMAX_FIRST:  # softmax over every expert in fp32; the top k of the probabilities
+            p = tl.exp(score - tl.max(score, 0))
+            score = tl.where(ok, p / tl.sum(p, 0), float("-inf"))
+        j = tl.arange(0, KP)
+        vals = tl.zeros([KP], tl.float32)
+        idx = tl.zeros([KP], tl.int32)
+        for r in range(top_k):  # the largest left, the lowest index among equals; in descending order as topk
+            best = tl.max(score, 0)
+            arg = tl.min(tl.where(score == best, e, E), 0)
+            vals = tl.where(j == r, best, vals)
+            idx = tl.where(j == r, arg, idx)
+            score = tl.where(e == arg, float("-inf"), score)
+        kok = j < top_k
+        if SOFTMAX_FIRST:
+            if RENORM:  # in fp32, then rounded to the logits' dtype
+                vals = vals / tl.sum(tl.where(kok, vals, 0.0), 0)
+        else:  # a softmax over the top k logits, rounded once
+            ex = tl.where(kok, tl.exp(vals - tl.max(tl.where(kok, vals, float("-inf")), 0)), 0.0)
+            vals = ex / tl.sum(ex, 0)
+        tl.store(Wt + t * top_k + j, vals.to(Wt.dtype.element_ty), mask=kok)
+        tl.store(Ix + t * top_k + j, idx.to(tl.int64), mask=kok)
+
+    return expert_gemv, route
 
 
-@torch.library.custom_op("dflash_zoo::expert_linear", mutates_args=())
-def expert_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, experts: torch.Tensor, transposed: bool
-) -> torch.Tensor:
-    """x [R, K]; weight [E, N, K] ([E, K, N] when `transposed`); bias [E, N]; experts [S] (S a multiple of R:
-    pair s belongs to row s // (S / R)) -> [S, N]: pair s's row through its expert's projection."""
-    rows, k = x.shape
-    n = weight.shape[2] if transposed else weight.shape[1]
-    s_e = weight.stride(0)
-    s_n, s_k = (weight.stride(2), weight.stride(1)) if transposed else (weight.stride(1), weight.stride(2))
+@torch.library.custom_op("dflash_zoo::route", mutates_args=())
+def route(logits: torch.Tensor, top_k: int, rule: str, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [N, E] -> (top-k weights [N, k] in the logits' dtype, expert ids [N, k], int64), by
+    `Routing.rule`: "softmax_topk" or "topk_softmax"."""
+    if rule not in ("softmax_topk", "topk_softmax"):
+        raise ValueError(f"unknown routing rule {rule!r}")
+    n, e = logits.shape
+    if not 0 < top_k <= e:
+        raise ValueError(f"top_k {top_k} of {e} experts")
+    weights = logits.new_empty(n, top_k)
+    index = torch.empty(n, top_k, device=logits.device, dtype=torch.long)
+    _kernels()[1][(n,)](
+        logits.contiguous(), weights, index, e, top_k, E=_pow2(e), KP=_pow2(top_k),
+        SOFTMAX_FIRST=rule == "softmax_topk", RENORM=renormalize, num_warps=4,
+    )  # fmt: skip
+    return weights, index
+
+
+@route.register_fake
+def _(logits, top_k, rule, renormalize):
+    return logits.new_empty(logits.shape[0], top_k), logits.new_empty(logits.shape[0], top_k, dtype=torch.long)
+
+
+def _launch(x, weight, bias, experts, transposed, act, limit, alpha, routing, config, top_k) -> torch.Tensor:
     pairs = experts.numel()
-    out = torch.empty(pairs, n, device=x.device, dtype=x.dtype)
-    bn, bk, warps = CONFIG
-    b = bias if bias is not None else out
-    _kernel()[(pairs, -(-n // bn))](
-        x.contiguous(), weight, b, experts.contiguous(), out, n, k, pairs // rows, s_e, s_n, s_k,
-        BN=bn, BK=bk, BIAS=bias is not None, num_warps=warps,
+    n = weight.shape[2] if transposed else weight.shape[1]
+    k = (weight.shape[1] if transposed else weight.shape[2])
+    s_n, s_k = (weight.stride(2), weight.stride(1)) if transposed else (weight.stride(1), weight.stride(2))
+    if routing is not None:
+        out = torch.empty(top_k, pairs // top_k, n, device=x.device, dtype=torch.float32)
+    else:
+        out = torch.empty(pairs, n, device=x.device, dtype=x.dtype)
+    bn, bk, warps = config
+    _kernels()[0][(pairs, -(-n // bn))](
+        x, weight, bias if bias is not None else out, experts, routing if routing is not None else out, out, n, k,
+        pairs // x.shape[0], x.stride(0), weight.stride(0), s_n, s_k, max(top_k, 1), limit, alpha,
+        BN=bn, BK=bk, BIAS=bias is not None, ACT=act, WEIGHTED=routing is not None, num_warps=warps,
     )  # fmt: skip
     return out
 
 
+def _config(x, weight, bias, experts, transposed, act, limit, alpha, routing, top_k) -> tuple[int, int, int]:
+    """The fastest of CONFIGS for this shape, timed once on CUDA (each call after a 128 MB write, so that the
+    weights come from HBM as in a step, and over distinct experts); the first one elsewhere or while capturing."""
+    key = (tuple(weight.shape), weight.dtype, transposed, act, routing is not None, experts.numel(), x.device)
+    if key in _tuned:
+        return _tuned[key]
+    if not x.is_cuda or torch.cuda.is_current_stream_capturing():
+        return CONFIGS[0]  # nothing timed while a graph is captured (steps are warmed before capture)
+    from dflash_zoo.cuda.gemv import _graph_ms
+
+    distinct = torch.arange(experts.numel(), device=x.device) % weight.shape[0]
+    flush = torch.empty(2**25, device=x.device, dtype=torch.float32)
+    base = _graph_ms(flush.zero_)
+    run = functools.partial(_launch, x, weight, bias, distinct, transposed, act, limit, alpha, routing)
+    times = {c: _graph_ms(lambda c=c: (flush.zero_(), run(c, top_k))) - base for c in CONFIGS}
+    _tuned[key] = best = min(times, key=times.get)
+    log.debug("expert gemv %s: %s (%.1f us)", key[:5], best, times[best] * 1e3)
+    return best
+
+
+def tuned_configs() -> dict[str, list[int]]:
+    """The configs timed so far, by pairs, weight shape and kernel ("8x[128, 1536, 2048]+act1+weighted")."""
+    return {
+        f"{pairs}x{list(shape)}{'T' if t else ''}{f'+act{act}' if act else ''}{'+weighted' if w else ''}": list(c)
+        for (shape, _, t, act, w, pairs, _), c in _tuned.items()
+    }
+
+
+@torch.library.custom_op("dflash_zoo::expert_linear", mutates_args=())
+def expert_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    experts: torch.Tensor,
+    transposed: bool,
+    act: int = 0,
+    limit: float = 0.0,
+    alpha: float = 0.0,
+    routing: torch.Tensor | None = None,
+    top_k: int = 0,
+) -> torch.Tensor:
+    """x [R, K] (act 1 or 2: [R, 2K], a gate/up output whose activation is the input, `GATES`); weight [E, N, K]
+    ([E, K, N] when `transposed`); bias [E, N]; experts [S] (S a multiple of R: pair s belongs to row
+    s // (S / R)) -> [S, N]: pair s's row through its expert's projection. With `routing` [S] (each row's top_k
+    weights in turn), the outputs times their weights, in fp32 slices [top_k, S / top_k, N] (slice j: every
+    row's j-th expert) whose sum over slices is the weighted sum."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    experts = experts.contiguous()
+    routing = routing.contiguous() if routing is not None else None
+    config = _config(x, weight, bias, experts, transposed, act, limit, alpha, routing, top_k)
+    return _launch(x, weight, bias, experts, transposed, act, limit, alpha, routing, config, top_k)
+
+
 @expert_linear.register_fake
-def _(x, weight, bias, experts, transposed):
-    return x.new_empty(experts.numel(), weight.shape[2] if transposed else weight.shape[1])
+def _(x, weight, bias, experts, transposed, act=0, limit=0.0, alpha=0.0, routing=None, top_k=0):
+    n = weight.shape[2] if transposed else weight.shape[1]
+    if routing is not None:
+        return x.new_empty(top_k, experts.numel() // top_k, n, dtype=torch.float32)
+    return x.new_empty(experts.numel(), n)
 
 
-def routed(experts: Any, x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """What `experts(x, index, weights)` returns, through `expert_linear`: x [N, H], index / weights [N, k]."""
-    n, k = index.shape
+def routed_parts(
+    experts: Any, x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, gate: ExpertGate | None = None
+) -> torch.Tensor:
+    """`experts(x, index, weights)` as fp32 slices [k, N, H] (x [N, H], index / weights [N, k]), each the
+    outputs of one expert per row times its routing weight, rounded as transformers rounds that product: their
+    in-order sum, rounded to the dtype, is the module's output. `gate`: the activation computed in the down
+    kernel (else the module's `_apply_gate` runs between the projections)."""
+    k = index.shape[1]
     pairs = index.reshape(-1)  # [N * k]: token t's experts at t * k ...
     up_bias = experts.gate_up_proj_bias if experts.has_bias else None
     h = expert_linear(x, experts.gate_up_proj, up_bias, pairs, experts.is_transposed)  # [N * k, 2I]
-    h = experts._apply_gate(h)  # [N * k, I]: the family's activation over its gate / up layout
+    act, limit, alpha = GATES[gate.kind if gate else None], gate.limit if gate else 0.0, gate.alpha if gate else 0.0
+    if not act:
+        h = experts._apply_gate(h)  # [N * k, I]: the family's activation over its gate / up layout
     down_bias = experts.down_proj_bias if experts.has_bias else None
-    y = expert_linear(h, experts.down_proj, down_bias, pairs, experts.is_transposed)  # [N * k, H]
-    # as transformers: each expert's output times its routing weight, summed over the token's experts
-    return (y * weights.reshape(-1, 1)).view(n, k, -1).sum(dim=1).to(x.dtype)
+    return expert_linear(
+        h, experts.down_proj, down_bias, pairs, experts.is_transposed, act, limit, alpha, weights.reshape(-1), k
+    )  # [k, N, H]
+
+
+def routed(
+    experts: Any, x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, gate: ExpertGate | None = None
+) -> torch.Tensor:
+    """What `experts(x, index, weights)` returns, through `expert_linear`: x [N, H], index / weights [N, k]."""
+    return routed_parts(experts, x, index, weights, gate).sum(0).to(x.dtype)

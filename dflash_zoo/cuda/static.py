@@ -44,7 +44,7 @@ from dflash_zoo.cuda.attention import (
     _grouped_split,
 )
 from dflash_zoo.cuda.gdn import StaticGDN
-from dflash_zoo.cuda.layout import graph_unsafe_reason, layout_reason, resolve
+from dflash_zoo.cuda.layout import MoEParts, graph_unsafe_reason, layout_reason, resolve
 from dflash_zoo.engine.rope import apply_rotary
 
 if TYPE_CHECKING:
@@ -178,11 +178,14 @@ class Parts:
         return y.to(like.dtype).view(like.shape)
 
 
+def _summed(out: torch.Tensor | Parts, like: torch.Tensor) -> torch.Tensor:
+    """`out` as a tensor (`Parts` summed, shaped and typed like `like`)."""
+    return out.total(like) if isinstance(out, Parts) else out
+
+
 def _plus(x: torch.Tensor, delta: torch.Tensor | Parts | None) -> torch.Tensor:
     """x + delta, as separate ops (where no fused add takes it)."""
-    if delta is None:
-        return x
-    return x + (delta.total(x) if isinstance(delta, Parts) else delta)
+    return x if delta is None else x + _summed(delta, x)
 
 
 def _project(m: nn.Linear, x: torch.Tensor, gate: torch.Tensor | None, gemv: bool, fold: bool):
@@ -315,6 +318,10 @@ class StaticTarget:
                     else None for m in self.layers]  # fmt: skip
         # dense MLPs only: a sparse MoE block runs as its module or its declared parts (`_sparse`): None here
         self.gate_up = [FusedLinear([m.gate, m.up], fuse, gemv) if m.gate is not None else None for m in self.layers]
+        # a sparse block's shared expert with dense projection names: fused the same way
+        self.shared_gate_up = [FusedLinear(list(m.moe_parts.shared_mlp[:2]), fuse, gemv)
+                               if m.moe_parts is not None and m.moe_parts.shared_mlp else None
+                               for m in self.layers]  # fmt: skip
         # few-row o / down projections whose partial sums the next residual add takes (`Parts`): where that add
         # and norm run as one kernel and nothing else reads the sublayer's output first
         self.fold_o, self.fold_down = self._folds(mods.final_norm)
@@ -340,10 +347,13 @@ class StaticTarget:
         fuses = [self.norm.fuses(n, self.dtype) for n in (*(m.input_norm for m in self.layers[1:]), final_norm)]
         o = [q is not None and m.attn_out_norm is None and self.norm.fuses(m.post_norm, self.dtype)
              for q, m in zip(self.qkv, self.layers, strict=True)]  # fmt: skip
+        # a dense SwiGLU MLP's down GEMV, or a sparse block's routed experts without a shared expert (`_sparse`)
+        parts = [(g is not None and self.silu) or (m.moe_parts is not None and m.moe_parts.shared is None)
+                 for g, m in zip(self.gate_up, self.layers, strict=True)]  # fmt: skip
         down = [  # the layer's residual sum is left to the next norm (`forward`), which fuses
-            g is not None and self.silu and nxt and m.moe_branch is None and m.mlp_out_norm is None
+            p and nxt and m.moe_branch is None and m.mlp_out_norm is None
             and i not in self.taps and m.per_layer is None and m.scalar is None
-            for i, (g, m, nxt) in enumerate(zip(self.gate_up, self.layers, fuses, strict=True))
+            for i, (p, m, nxt) in enumerate(zip(parts, self.layers, fuses, strict=True))
         ]  # fmt: skip
         return o, down
 
@@ -418,34 +428,54 @@ class StaticTarget:
         projected = _project(m.o, out, None, self.gemv, self.fold_o[i])
         return m.o(out) if projected is None else projected  # [1, T, H]
 
-    def _experts(self, experts, x, index, weights):
-        """Routed experts of rows x [N, H]: the expert GEMV for few rows, else the module (its implementation)."""
+    def _experts(self, experts, x, index, weights, gate=None) -> torch.Tensor | Parts:
+        """Routed experts of rows x [N, H]: the expert GEMV for few rows (its weighted slices, `Parts`), else
+        the module (its implementation)."""
         if x.shape[0] <= self.moe_rows and moe.supported(experts) is None:
-            return moe.routed(experts, x, index, weights)
+            return Parts(moe.routed_parts(experts, x, index, weights, gate), None)
         return experts(x, index, weights)
 
+    def _route(self, p: MoEParts, x):
+        """(top-k weights, expert ids) [N, k] of rows x [N, H]: the declared rule's kernel over the router's
+        logits where the MoE kernels run, else the router module."""
+        if p.routing is None or not self.moe_rows:
+            return p.router(x, *p.router_args)[1:]
+        w, b = p.router.weight, getattr(p.router, "bias", None)
+        few = self.gemv and x.shape[0] <= gemv_ops.max_rows()
+        logits = gemv_ops.gemv(x, w, b, None) if few else F.linear(x, w, b)  # [N, E]
+        return moe.route(logits, p.routing.top_k, p.routing.rule, p.routing.renormalize)
+
     def _sparse(self, i: int, x):
-        """A sparse MoE block over x [1, T, H]: as its module, or for few rows as its declared parts."""
-        m = self.layers[i]
-        if m.moe_parts is None or x.shape[1] > self.moe_rows:
+        """A sparse MoE block over x [1, T, H]: as its module, or as its declared parts (a one-row step's
+        routed experts as `Parts` where `fold_down`)."""
+        m, p = self.layers[i], self.layers[i].moe_parts
+        if p is None or (x.shape[1] > self.moe_rows and p.routing is None):
             out = m.mlp(x)  # [1, T, H]; some MoE blocks also return their router scores
             return out[0] if isinstance(out, tuple) else out
-        router, args, experts, shared, shared_gate = m.moe_parts
         flat = x.reshape(-1, x.shape[-1])  # [T, H]
-        _, weights, index = router(flat, *args)  # [T, k] each
-        out = self._experts(experts, flat, index, weights)
-        if shared is not None:  # the always-on expert, gated per token
-            out = out + torch.sigmoid(shared_gate(flat)) * shared(flat)
+        weights, index = self._route(p, flat)  # [T, k] each
+        out = self._experts(p.experts, flat, index, weights, p.gate)
+        if isinstance(out, Parts) and self.fold_down[i]:
+            return out  # summed into the residual by the next norm's kernel
+        out = _summed(out, flat)
+        if p.shared is not None:  # the always-on expert, gated per token
+            gate_up = self.shared_gate_up[i]
+            shared = p.shared(flat) if gate_up is None else self._swiglu_mlp(gate_up, *p.shared_mlp[2:], flat)
+            out = out + torch.sigmoid(p.shared_gate(flat)) * shared
         return out.reshape(x.shape)
 
     def _mlp(self, i: int, x):
         m = self.layers[i]
         if self.gate_up[i] is None:
             return self._sparse(i, x)
-        gate, up = self.gate_up[i](x)  # [1, T, F] each
+        return self._swiglu_mlp(self.gate_up[i], m.down, m.act, x, self.fold_down[i])
+
+    def _swiglu_mlp(self, gate_up: FusedLinear, down: nn.Linear, act, x, fold: bool = False):
+        """down(act(gate(x)) * up(x)) over x [..., H]; for one row with `fold`, as `Parts`."""
+        gate, up = gate_up(x)  # [..., F] each
         # silu(gate) * up computed inside the kernel
-        projected = _project(m.down, up, gate, self.gemv, self.fold_down[i]) if self.silu else None
-        return m.down(_swiglu(m.act, gate, up, self.swiglu)) if projected is None else projected
+        projected = _project(down, up, gate, self.gemv, fold) if self.silu else None
+        return down(_swiglu(act, gate, up, self.swiglu)) if projected is None else projected
 
     def _ffn(self, i: int, x, h):
         """Residual x [1, T, H] plus the attention output h -> (that sum, the feed-forward sublayer's output for
@@ -457,7 +487,8 @@ class StaticTarget:
             router, experts, dense_out, experts_in, experts_out = m.moe_branch
             flat = x.reshape(-1, x.shape[-1])  # [T, H]
             _, weights, index = router(flat)
-            routed = self._experts(experts, self.norm(experts_in, flat), index, weights).reshape(x.shape)
+            routed = _summed(self._experts(experts, self.norm(experts_in, flat), index, weights), flat)
+            routed = routed.reshape(x.shape)
             out = self.norm(dense_out, out) + self.norm(experts_out, routed)
         return x, self.norm(m.mlp_out_norm, out) if m.mlp_out_norm is not None else out
 
