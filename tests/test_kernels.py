@@ -169,7 +169,7 @@ def test_add_rms_norm_sums_few_row_parts(interpret):
     gen = torch.Generator().manual_seed(9)
     x, inp = torch.randn(1, 5, 64, generator=gen), torch.randn(1, 5, 300, generator=gen)
     w, wd = torch.rand(64, generator=gen) + 0.5, torch.randn(64, 300, generator=gen)
-    parts = gemv._gemv_parts(inp, wd, None, (32, 64, 4, 4))
+    parts = gemv._gemv_parts(inp, wd, None, (64, 64, 4, 4, 2))
     assert parts.shape[:2] == (parts.shape[0], 5) and parts.shape[0] > 1
     total, y = fused_ops.add_rms_norm(x, parts, w, 1e-6, parts=True)
     torch.testing.assert_close(total, x + F.linear(inp, wd), atol=1e-4, rtol=1e-4)

@@ -115,7 +115,7 @@ GEMV_CONFIGS = [
     (bn, bk, per_sm, 4 if bn * bk <= 4096 else 8)
     for bn in (8, 16, 32)
     for bk in (128, 256)
-    for per_sm in (4, 8)
+    for per_sm in (4, 8, 2)
 ]
 ROWS = 16  # the most rows `gemv` takes to its own kernels
 
@@ -127,9 +127,13 @@ def max_rows() -> int:
     return min(ROWS, max(1, int(os.environ.get("DFLASH_ZOO_GEMV_ROWS", "1"))))
 
 
-# few rows (2..ROWS): (output columns per program, K per iteration, programs per SM, warps); per_sm 1 at wide N
-# gives one K slice, whose program writes the output itself (no partial sums, no second kernel)
-GEMM_CONFIGS = [(bn, bk, per_sm, 4) for bn in (32, 64) for bk in (64, 128) for per_sm in (1, 2, 4)]
+# few rows (2..ROWS): (output columns per program, K per iteration, programs per SM, warps, pipeline stages);
+# per_sm 1 at wide N gives one K slice, whose program writes the output itself (no partial sums, no second
+# kernel). Two or three stages: at 16 rows the best of them beat cuBLAS on the 8B shapes' q/k/v, o and down
+# (on an H200, docs/performance.md)
+GEMM_CONFIGS = [
+    (bn, bk, per_sm, 4, stages) for bn in (64, 128) for bk in (64, 128) for per_sm in (1, 2, 4) for stages in (2, 3)
+]
 CUBLAS = None  # the config that runs `F.linear` instead: timed beside the kernel's where a plain output is wanted
 _tuned: dict[tuple, tuple[int, int, int, int] | None] = {}
 
@@ -147,7 +151,7 @@ def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False) -> tor
     [N, K]^T over slices of K; with `direct` and one slice, the output [rows, N] itself (bias added)."""
     n, k = weight.shape
     rows = x.numel() // x.shape[-1]
-    bn, bk, per_sm, warps = config
+    bn, bk, per_sm, warps = config[:4]
     blocks, splits, k_split = _split(n, k, bn, bk, per_sm, x)
     g = gate if gate is not None else x
     if rows == 1:
@@ -162,7 +166,7 @@ def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False) -> tor
     _kernels()[2][(blocks, splits)](
         weight, x2, g2, part, bias if bias is not None else weight, rows, n, k, k_split, x2.stride(0), g2.stride(0),
         R=max(16, _pow2(rows)), BN=bn, BK=bk, SILU=gate is not None, DIRECT=direct, BIAS=bias is not None,
-        IEEE=x.dtype == torch.float32, num_warps=warps,
+        IEEE=x.dtype == torch.float32, num_warps=warps, num_stages=config[4],
     )  # fmt: skip
     return part
 

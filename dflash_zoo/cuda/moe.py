@@ -36,9 +36,9 @@ from dflash_zoo.cuda.kernels import _pow2
 log = logging.getLogger("dflash_zoo")
 
 # (output rows per program, K per iteration, warps): the candidates `_config` times per shape (the first one
-# under the interpreter); wide row tiles suit transposed weights, whose output rows are the contiguous axis
-CONFIGS = [(32, 128, 4), (16, 128, 4), (16, 256, 4), (32, 256, 8), (64, 64, 4), (64, 128, 8), (128, 32, 4),
-           (128, 64, 8), (256, 32, 8)]  # fmt: skip
+# under the interpreter). Each shape of Qwen3-Coder-30B-A3B, gpt-oss-20b (transposed weights too) and
+# Qwen3.5-35B-A3B picked one of the first four on an H200; tiles of 64 rows or more lost everywhere
+CONFIGS = [(32, 128, 4), (16, 128, 4), (16, 256, 4), (32, 256, 8), (16, 512, 8), (32, 512, 8), (8, 256, 4)]
 GATES = {None: 0, "silu": 1, "clamped_swiglu": 2}  # SparseMoE.expert_gate -> the kernel's ACT
 _tuned: dict[tuple, tuple[int, int, int]] = {}
 
