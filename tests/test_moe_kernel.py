@@ -95,12 +95,30 @@ def test_routing_picks_the_top_k_in_order_and_breaks_ties_low(interpret):  # noq
     assert i.tolist() == [[1, 3]] and torch.allclose(w, torch.tensor([[0.5, 0.5]]))
 
 
+@pytest.mark.parametrize("rows", [16, 5])
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss"])
+def test_rows_sharing_their_experts(interpret, model_type, rows):  # noqa: F811
+    """Several rows (the grouped kernel): every row on the same two experts (16 rows of one expert in one
+    program), and rows whose experts repeat in another order."""
+    adapter, _ = static_pair(model_type)
+    p = _sparse_layers(adapter)[0][0].moe_parts
+    x = _inputs(adapter, rows, 3)
+    weights = torch.softmax(torch.randn(rows, 2, generator=torch.Generator().manual_seed(4)), -1)
+    same = torch.tensor([[2, 0]]).repeat(rows, 1)
+    mixed = torch.tensor([[1, 3], [3, 1], [0, 1], [2, 3], [1, 0]]).repeat(4, 1)[:rows]
+    with torch.no_grad():
+        for index in (same, mixed):
+            want = p.experts(x, index, weights)
+            torch.testing.assert_close(moe.routed(p.experts, x, index, weights, p.gate), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
 @pytest.mark.parametrize("model_type", MOE_TYPES)
-def test_a_wrong_expert_is_caught(interpret, model_type):  # noqa: F811
+def test_a_wrong_expert_is_caught(interpret, model_type, rows):  # noqa: F811
     """The comparison above can fail: routing every pair to another expert changes the output."""
     adapter, _ = static_pair(model_type)
     p = _sparse_layers(adapter)[0][0].moe_parts
-    x = _inputs(adapter, 1, 0)
+    x = _inputs(adapter, rows, 0)
     with torch.no_grad():
         _, weights, index = p.router(x, *p.router_args)
         wrong = (index + 1) % p.experts.gate_up_proj.shape[0]
@@ -132,7 +150,9 @@ def test_one_row_experts_are_summed_by_the_next_norm(interpret, monkeypatch):  #
     cfg = GenerationConfig(max_new_tokens=6)
     prompt = _prompts(1)[0]
     assert eng.autoregressive(prompt, cfg).output_ids == _eager(adapter, drafter, prompt, cfg).output_ids
-    assert seen and set(seen) == {1}  # one-row steps only (the prefill runs the module's experts)
+    # every one-row step, and the short prompt (at most moe_rows rows; longer prefills run the module's experts)
+    sparse = sum(m.moe_parts is not None for m in eng.target.layers)
+    assert seen.count(1) == (cfg.max_new_tokens - 1) * sparse and max(seen) <= eng.moe_rows
 
 
 def test_moe_rows_off_cuda_needs_the_interpreter(monkeypatch):
@@ -145,12 +165,13 @@ def test_moe_rows_off_cuda_needs_the_interpreter(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("rows", [1, 16])
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss"])
-def test_expert_gemv_bf16_on_cuda_is_close_and_captures(model_type):
+def test_expert_gemv_bf16_on_cuda_is_close_and_captures(model_type, rows):
     adapter, _ = static_pair(model_type, "cuda")
     adapter.model.to(torch.bfloat16)
     p = _sparse_layers(adapter)[0][0].moe_parts
-    x = torch.randn(1, adapter.text_config.hidden_size, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, adapter.text_config.hidden_size, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         logits, weights, index = p.router(x, *p.router_args)
         w, i = moe.route(logits, p.routing.top_k, p.routing.rule, p.routing.renormalize)

@@ -100,10 +100,11 @@ def _kernel_choice(
 
 
 def _moe_rows(device, gemv: bool, rows: int | None) -> int:
-    """Steps of at most this many rows run sparse MoE experts through the expert GEMV (cuda/moe.py): by default
-    the one-row steps wherever the GEMV kernel runs (`DFLASH_ZOO_MOE_ROWS` overrides, for measurements)."""
+    """Steps of at most this many rows run sparse MoE experts through the kernels of cuda/moe.py: by default
+    every step but the prefill (16 rows) wherever the GEMV kernel runs (`DFLASH_ZOO_MOE_ROWS` overrides, for
+    measurements)."""
     if rows is None:
-        return int(os.environ.get("DFLASH_ZOO_MOE_ROWS", "1")) if gemv else 0
+        return int(os.environ.get("DFLASH_ZOO_MOE_ROWS", "16")) if gemv else 0
     why = kernels.available(device)
     if rows and why:
         raise ValueError(f"moe_rows: {why}")
@@ -129,10 +130,11 @@ class FastEngine(Engine):
             the split-K Triton GEMV or cuBLAS, whichever was timed faster for the shape.
         fused_ops: the elementwise work between GEMMs (q/k norm + rotary + K/V writes, RMSNorms, SwiGLU
             products) through the Triton kernels of fused_ops.py.
-        moe_rows: steps of at most this many rows run a sparse MoE block's routed experts through the expert
-            GEMV of moe.py (one GEMV per chosen expert) instead of the block's experts implementation.
+        moe_rows: steps of at most this many rows run a sparse MoE block's routed experts through the kernels
+            of moe.py (one row: a GEMV per chosen expert; more: one tensor-core program per chosen expert and
+            output tile) instead of the block's experts implementation.
         Defaults: on CUDA with triton, "split", "split", True (measured fastest compiled and not on an H200,
-        docs/performance.md), True uncompiled and 1; otherwise `COMPILED_DECODE_ATTENTION` when compiling,
+        docs/performance.md), True uncompiled and 16; otherwise `COMPILED_DECODE_ATTENTION` when compiling,
         else "sdpa"; "sdpa"; False; False; 0.
     """
 

@@ -79,8 +79,11 @@ def _kernels():
         if ADD:  # x + delta first (the residual sum, rounded as torch's add), written to S, then its norm
             if PARTS:  # a split-K GEMV's fp32 partial sums [splits, rows, n]: added in order, plus bias, rounded
                 acc = tl.zeros([D], tl.float32)
-                for sp in range(splits):
-                    acc += tl.load(Dl + (sp * tl.num_programs(0) + row) * n + d, mask=ok, other=0.0)
+                for s0 in range(0, splits, 4):  # four slices' loads in flight at once (unrolled), added in order
+                    for s1 in tl.static_range(4):
+                        sp = s0 + s1
+                        at = Dl + (sp * tl.num_programs(0) + row) * n + d
+                        acc += tl.load(at, mask=ok & (d * 0 + sp < splits), other=0.0)
                 if BIAS:
                     acc += tl.load(B + d, mask=ok, other=0.0).to(tl.float32)
                 delta = acc.to(x.dtype)

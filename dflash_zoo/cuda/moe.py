@@ -39,8 +39,11 @@ log = logging.getLogger("dflash_zoo")
 # under the interpreter). Each shape of Qwen3-Coder-30B-A3B, gpt-oss-20b (transposed weights too) and
 # Qwen3.5-35B-A3B picked one of the first four on an H200; tiles of 64 rows or more lost everywhere
 CONFIGS = [(32, 128, 4), (16, 128, 4), (16, 256, 4), (32, 256, 8), (16, 512, 8), (32, 512, 8), (8, 256, 4)]
+# several tokens: (output columns per program, K per iteration, warps, pipeline stages) of `expert_gemm`
+GROUPED_CONFIGS = [(64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 4, 2), (128, 64, 4, 3), (32, 128, 4, 3),
+                   (128, 128, 8, 3), (32, 256, 4, 2)]  # fmt: skip
 GATES = {None: 0, "silu": 1, "clamped_swiglu": 2}  # SparseMoE.expert_gate -> the kernel's ACT
-_tuned: dict[tuple, tuple[int, int, int]] = {}
+_tuned: dict[tuple, tuple[int, ...]] = {}
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,61 @@ def _kernels():
             tl.store(Out + s * n_out + rows, y, mask=rok)
 
     @triton.jit
+    def expert_gemm(X, W, Bias, Idx, RW, Out, n_out, k_in, pairs, per_row, x_stride, s_e, s_n, s_k, top_k, limit,
+                    alpha, R: tl.constexpr, SP: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BIAS: tl.constexpr,
+                    ACT: tl.constexpr, WEIGHTED: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+        """Several rows: one program per (expert, output tile) runs every pair routed to its expert at once on the
+        tensor cores, so each expert's weights are read once; experts no pair chose exit at once."""
+        e, pn = tl.program_id(0), tl.program_id(1)
+        sp = tl.arange(0, SP)
+        hit = (tl.load(Idx + sp, mask=sp < pairs, other=-1) == e).to(tl.int32)  # [SP] pairs of this expert
+        count = tl.sum(hit, 0)
+        if count > 0:
+            rank = tl.sum(hit[None, :] * (sp[None, :] < sp[:, None]).to(tl.int32), 1)  # [SP] earlier hits
+            r = tl.arange(0, R)
+            pair = tl.sum(tl.where((hit[None, :] > 0) & (rank[None, :] == r[:, None]), sp[None, :], 0), 1)  # [R]
+            rok = r < count
+            xr = X + (pair // per_row)[:, None] * x_stride  # [R, 1] each row's input
+            n = pn * BN + tl.arange(0, BN)
+            nok = n < n_out
+            acc = tl.zeros([R, BN], tl.float32)
+            for k0 in range(0, k_in, BK):
+                cols = (k0 + tl.arange(0, BK))[None, :]
+                xm = rok[:, None] & (cols < k_in)
+                if ACT == 1:  # as expert_gemv
+                    u = tl.load(xr + k_in + cols, mask=xm, other=0.0)
+                    g = tl.load(xr + cols, mask=xm, other=0.0).to(tl.float32)
+                    a = (g / (1.0 + tl.exp(-g))).to(u.dtype)
+                    x = (a.to(tl.float32) * u.to(tl.float32)).to(u.dtype)
+                elif ACT == 2:
+                    u = tl.load(xr + 2 * cols + 1, mask=xm, other=0.0)
+                    g = tl.load(xr + 2 * cols, mask=xm, other=0.0)
+                    dt = u.dtype
+                    gf = tl.minimum(g.to(tl.float32), limit).to(dt).to(tl.float32)
+                    uf = tl.maximum(tl.minimum(u.to(tl.float32), limit), -limit).to(dt).to(tl.float32)
+                    sg = (1.0 / (1.0 + tl.exp(-(gf * alpha).to(dt).to(tl.float32)))).to(dt).to(tl.float32)
+                    x = ((uf + 1.0).to(dt).to(tl.float32) * (gf * sg).to(dt).to(tl.float32)).to(dt)
+                else:
+                    x = tl.load(xr + cols, mask=xm, other=0.0)
+                w = tl.load(W + e * s_e + n[:, None] * s_n + cols * s_k, mask=nok[:, None] & (cols < k_in), other=0.0)
+                if IEEE:  # fp32 inputs: exact products, not TF32
+                    acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+                else:
+                    acc += tl.dot(x, tl.trans(w))  # [R, BN]
+            dtype = X.dtype.element_ty
+            y = acc.to(dtype)
+            if BIAS:
+                y = (y.to(tl.float32) + tl.load(Bias + e * n_out + n, mask=nok, other=0.0).to(tl.float32)[None, :])
+                y = y.to(dtype)
+            ok = rok[:, None] & nok[None, :]
+            if WEIGHTED:
+                y = (y.to(tl.float32) * tl.load(RW + pair, mask=rok, other=0.0).to(tl.float32)[:, None]).to(dtype)
+                at = ((pair % top_k) * (pairs // top_k) + pair // top_k)[:, None] * n_out + n[None, :]
+                tl.store(Out + at, y.to(tl.float32), mask=ok)
+            else:
+                tl.store(Out + pair[:, None] * n_out + n[None, :], y, mask=ok)
+
+    @triton.jit
     def route(L, Wt, Ix, n_exp, top_k, E: tl.constexpr, KP: tl.constexpr, SOFTMAX_FIRST: tl.constexpr,
               RENORM: tl.constexpr):  # fmt: skip
         t, e = tl.program_id(0), tl.arange(0, E)
@@ -154,7 +212,7 @@ def _kernels():
         tl.store(Wt + t * top_k + j, vals.to(Wt.dtype.element_ty), mask=kok)
         tl.store(Ix + t * top_k + j, idx.to(tl.int64), mask=kok)
 
-    return expert_gemv, route
+    return expert_gemv, route, expert_gemm
 
 
 @torch.library.custom_op("dflash_zoo::route", mutates_args=())
@@ -170,7 +228,7 @@ def route(logits: torch.Tensor, top_k: int, rule: str, renormalize: bool) -> tup
     index = torch.empty(n, top_k, device=logits.device, dtype=torch.long)
     _kernels()[1][(n,)](
         logits.contiguous(), weights, index, e, top_k, E=_pow2(e), KP=_pow2(top_k),
-        SOFTMAX_FIRST=rule == "softmax_topk", RENORM=renormalize, num_warps=4,
+        SOFTMAX_FIRST=rule == "softmax_topk", RENORM=renormalize, num_warps=1 if e <= 256 else 4,
     )  # fmt: skip
     return weights, index
 
@@ -180,41 +238,54 @@ def _(logits, top_k, rule, renormalize):
     return logits.new_empty(logits.shape[0], top_k), logits.new_empty(logits.shape[0], top_k, dtype=torch.long)
 
 
-def _launch(x, weight, bias, experts, transposed, act, limit, alpha, routing, config, top_k) -> torch.Tensor:
-    pairs = experts.numel()
-    n = weight.shape[2] if transposed else weight.shape[1]
-    k = (weight.shape[1] if transposed else weight.shape[2])
+def _launch(x, weight, bias, experts, transposed, act, limit, alpha, routing, top_k, config) -> torch.Tensor:
+    """`expert_linear` with one config: (rows, K tile, warps) runs `expert_gemv` (one row), (columns, K tile,
+    warps, stages) `expert_gemm` (several rows)."""
+    pairs, tokens = experts.numel(), experts.numel() // top_k
+    n, k = (weight.shape[2], weight.shape[1]) if transposed else (weight.shape[1], weight.shape[2])
     s_n, s_k = (weight.stride(2), weight.stride(1)) if transposed else (weight.stride(1), weight.stride(2))
     if routing is not None:
-        out = torch.empty(top_k, pairs // top_k, n, device=x.device, dtype=torch.float32)
+        out = torch.empty(top_k, tokens, n, device=x.device, dtype=torch.float32)
     else:
         out = torch.empty(pairs, n, device=x.device, dtype=x.dtype)
-    bn, bk, warps = config
-    _kernels()[0][(pairs, -(-n // bn))](
-        x, weight, bias if bias is not None else out, experts, routing if routing is not None else out, out, n, k,
-        pairs // x.shape[0], x.stride(0), weight.stride(0), s_n, s_k, max(top_k, 1), limit, alpha,
-        BN=bn, BK=bk, BIAS=bias is not None, ACT=act, WEIGHTED=routing is not None, num_warps=warps,
-    )  # fmt: skip
+    args = (x, weight, bias if bias is not None else out, experts, routing if routing is not None else out, out, n, k)
+    flags = dict(BIAS=bias is not None, ACT=act, WEIGHTED=routing is not None, num_warps=config[2])
+    if len(config) == 3:
+        _kernels()[0][(pairs, -(-n // config[0]))](
+            *args, pairs // x.shape[0], x.stride(0), weight.stride(0), s_n, s_k, top_k, limit, alpha,
+            BN=config[0], BK=config[1], **flags,
+        )  # fmt: skip
+    else:  # every expert's program starts; those no pair chose return at once
+        _kernels()[2][(weight.shape[0], -(-n // config[0]))](
+            *args, pairs, pairs // x.shape[0], x.stride(0), weight.stride(0), s_n, s_k, top_k, limit, alpha,
+            R=_pow2(tokens), SP=_pow2(pairs), BN=config[0], BK=config[1], IEEE=x.dtype == torch.float32,
+            num_stages=config[3], **flags,
+        )  # fmt: skip
     return out
 
 
-def _config(x, weight, bias, experts, transposed, act, limit, alpha, routing, top_k) -> tuple[int, int, int]:
-    """The fastest of CONFIGS for this shape, timed once on CUDA (each call after a 128 MB write, so that the
-    weights come from HBM as in a step, and over distinct experts); the first one elsewhere or while capturing."""
-    key = (tuple(weight.shape), weight.dtype, transposed, act, routing is not None, experts.numel(), x.device)
+def _config(x, weight, bias, experts, transposed, act, limit, alpha, routing, top_k) -> tuple[int, ...]:
+    """The fastest of CONFIGS (one token) or GROUPED_CONFIGS (several) for this shape, timed once on CUDA: each
+    call after a 128 MB write, so that the weights come from HBM as in a step, with each token's experts
+    drawn at random (distinct within a token); the first one elsewhere or while capturing."""
+    tokens = experts.numel() // top_k
+    configs = CONFIGS if tokens == 1 else GROUPED_CONFIGS
+    key = (tuple(weight.shape), weight.dtype, transposed, act, routing is not None, experts.numel(), tokens, x.device)
     if key in _tuned:
         return _tuned[key]
     if not x.is_cuda or torch.cuda.is_current_stream_capturing():
-        return CONFIGS[0]  # nothing timed while a graph is captured (steps are warmed before capture)
+        return configs[0]  # nothing timed while a graph is captured (steps are warmed before capture)
     from dflash_zoo.cuda.gemv import _graph_ms
 
-    distinct = torch.arange(experts.numel(), device=x.device) % weight.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    drawn = torch.stack([torch.randperm(weight.shape[0], generator=gen)[:top_k] for _ in range(tokens)])
+    drawn = drawn.reshape(-1).to(x.device)
     flush = torch.empty(2**25, device=x.device, dtype=torch.float32)
     base = _graph_ms(flush.zero_)
-    run = functools.partial(_launch, x, weight, bias, distinct, transposed, act, limit, alpha, routing)
-    times = {c: _graph_ms(lambda c=c: (flush.zero_(), run(c, top_k))) - base for c in CONFIGS}
+    run = functools.partial(_launch, x, weight, bias, drawn, transposed, act, limit, alpha, routing, top_k)
+    times = {c: _graph_ms(lambda c=c: (flush.zero_(), run(c))) - base for c in configs}
     _tuned[key] = best = min(times, key=times.get)
-    log.debug("expert gemv %s: %s (%.1f us)", key[:5], best, times[best] * 1e3)
+    log.debug("expert linear %s: %s (%.1f us)", key[:7], best, times[best] * 1e3)
     return best
 
 
@@ -222,7 +293,7 @@ def tuned_configs() -> dict[str, list[int]]:
     """The configs timed so far, by pairs, weight shape and kernel ("8x[128, 1536, 2048]+act1+weighted")."""
     return {
         f"{pairs}x{list(shape)}{'T' if t else ''}{f'+act{act}' if act else ''}{'+weighted' if w else ''}": list(c)
-        for (shape, _, t, act, w, pairs, _), c in _tuned.items()
+        for (shape, _, t, act, w, pairs, _, _), c in _tuned.items()
     }
 
 
@@ -233,26 +304,28 @@ def expert_linear(
     bias: torch.Tensor | None,
     experts: torch.Tensor,
     transposed: bool,
+    top_k: int,
     act: int = 0,
     limit: float = 0.0,
     alpha: float = 0.0,
     routing: torch.Tensor | None = None,
-    top_k: int = 0,
 ) -> torch.Tensor:
     """x [R, K] (act 1 or 2: [R, 2K], a gate/up output whose activation is the input, `GATES`); weight [E, N, K]
-    ([E, K, N] when `transposed`); bias [E, N]; experts [S] (S a multiple of R: pair s belongs to row
-    s // (S / R)) -> [S, N]: pair s's row through its expert's projection. With `routing` [S] (each row's top_k
-    weights in turn), the outputs times their weights, in fp32 slices [top_k, S / top_k, N] (slice j: every
-    row's j-th expert) whose sum over slices is the weighted sum."""
+    ([E, K, N] when `transposed`); bias [E, N]; experts [S]: each token's top_k experts in turn (distinct within
+    a token), S a multiple of R (pair s reads row s // (S / R)) -> [S, N]: pair s's row through its expert's
+    projection. With `routing` [S], the outputs times their weights, in fp32 slices [top_k, S / top_k, N]
+    (slice j: every token's j-th expert) whose sum over slices is the weighted sum."""
+    if top_k < 1 or experts.numel() % top_k or experts.numel() % x.shape[0]:
+        raise ValueError(f"{experts.numel()} pairs are not top_k={top_k} per token over {x.shape[0]} input rows")
     x = x if x.stride(-1) == 1 else x.contiguous()
     experts = experts.contiguous()
     routing = routing.contiguous() if routing is not None else None
     config = _config(x, weight, bias, experts, transposed, act, limit, alpha, routing, top_k)
-    return _launch(x, weight, bias, experts, transposed, act, limit, alpha, routing, config, top_k)
+    return _launch(x, weight, bias, experts, transposed, act, limit, alpha, routing, top_k, config)
 
 
 @expert_linear.register_fake
-def _(x, weight, bias, experts, transposed, act=0, limit=0.0, alpha=0.0, routing=None, top_k=0):
+def _(x, weight, bias, experts, transposed, top_k, act=0, limit=0.0, alpha=0.0, routing=None):
     n = weight.shape[2] if transposed else weight.shape[1]
     if routing is not None:
         return x.new_empty(top_k, experts.numel() // top_k, n, dtype=torch.float32)
@@ -269,13 +342,13 @@ def routed_parts(
     k = index.shape[1]
     pairs = index.reshape(-1)  # [N * k]: token t's experts at t * k ...
     up_bias = experts.gate_up_proj_bias if experts.has_bias else None
-    h = expert_linear(x, experts.gate_up_proj, up_bias, pairs, experts.is_transposed)  # [N * k, 2I]
+    h = expert_linear(x, experts.gate_up_proj, up_bias, pairs, experts.is_transposed, k)  # [N * k, 2I]
     act, limit, alpha = GATES[gate.kind if gate else None], gate.limit if gate else 0.0, gate.alpha if gate else 0.0
     if not act:
         h = experts._apply_gate(h)  # [N * k, I]: the family's activation over its gate / up layout
     down_bias = experts.down_proj_bias if experts.has_bias else None
     return expert_linear(
-        h, experts.down_proj, down_bias, pairs, experts.is_transposed, act, limit, alpha, weights.reshape(-1), k
+        h, experts.down_proj, down_bias, pairs, experts.is_transposed, k, act, limit, alpha, weights.reshape(-1)
     )  # [k, N, H]
 
 

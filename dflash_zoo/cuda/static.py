@@ -292,7 +292,6 @@ class StaticTarget:
         self.halves, self.axes, self.by_type = layout.rotary_halves, layout.rotary_axes, layout.rotary_by_layer_type
         self.gemv = gemv  # few-row projections through `gemv_ops.gemv` (split over K)
         llama = layout.norms == "llama"  # the declared RMSNorm formula (the norm kernel computes each)
-        self.fused = fused_ops and llama  # q/k norm + rotary + K/V writes in one kernel (Llama's norm formula)
         self.decode_attend = DECODE_ATTENTION[decode_attention]  # T = 1 steps only
         self.block_attend = BLOCK_ATTENTION[block_attention]  # verify steps (T > 1)
         self.silu = mods.silu  # the kernels' fused SwiGLU
@@ -311,8 +310,10 @@ class StaticTarget:
                     else None for m in self.layers]  # fmt: skip
         self.opts = [QKVOptions(m.output_gate, m.qk_norm_per_head, m.v_norm, m.kv_source is not None)
                      for m in self.layers]  # fmt: skip
-        # the one-kernel rotary + K/V write: plain layers only (Llama-formula q/k norms per head, q/k/v)
-        self.rope_kernel = [self.fused and o == PLAIN and m.v is not None for m, o in zip(self.layers, self.opts, strict=True)]
+        # q/k norm + rotary + K/V writes in one kernel: plain layers (q/k/v; per-head q/k norms of Llama's
+        # formula, or none, as gpt-oss's)
+        self.rope_kernel = [fused_ops and o == PLAIN and m.v is not None and (m.qk_norm is None or llama)
+                            for m, o in zip(self.layers, self.opts, strict=True)]  # fmt: skip
         # GDN layers: their own static states; the input projections as one GEMM, split by the adapter
         self.gdn = [StaticGDN(m.gdn, m.gdn_parts, adapter.gdn_split, fused_ops, fuse, gemv) if m.gdn is not None
                     else None for m in self.layers]  # fmt: skip
