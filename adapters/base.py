@@ -96,9 +96,10 @@ class GatedMLP:
 
 @dataclass(frozen=True)
 class SparseMoE:
-    """A sparse MoE block: run as the family's own module, or for a few rows (one-row steps) as its parts:
-    `router(x [N, H], *router_args)` -> (logits, top-k weights, top-k indices), the routed experts through
-    the static engine's expert GEMV (cuda/moe.py), plus `sigmoid(shared_expert_gate(x)) * shared_expert(x)`."""
+    """A sparse MoE block, run by the static engine as its parts: `router(x [N, H], *router_args)` -> (logits,
+    top-k weights, top-k indices) or the declared routing rule's kernel, the routed experts through the expert
+    kernels of cuda/moe.py for steps of a few rows (the experts module for longer ones), plus
+    `sigmoid(shared_expert_gate(x)) * shared_expert(x)`."""
 
     experts: str = "experts"  # the child that marks a layer's MLP module as this block
     router: str = "gate"

@@ -8,8 +8,8 @@ HF's `act_fn(gate) * up` for SiLU, computed in the kernel with torch's rounding 
 The tile configuration is timed once per shape on CUDA (`_gemv_config`), outside graph capture, against cuBLAS
 too where a plain output is wanted (the faster runs). `gemv_parts` stops before the sum: the next residual add
 sums the slices (`fused_ops.add_rms_norm`). 2..16 rows run a tensor-core variant of the same split
-(`gemm_part`), used by the static path only when `DFLASH_ZOO_GEMV_ROWS` asks (it did not beat cuBLAS at 16
-rows, docs/performance.md).
+(`gemm_part`), used by the static path only when `DFLASH_ZOO_GEMV_ROWS` asks (in a 16-row step it gave no
+clear gain over cuBLAS, docs/performance.md).
 
 Torch custom ops, so `torch.compile` sees one opaque call and CUDA graphs capture the launches. They run on
 CUDA, or anywhere under Triton's interpreter (`TRITON_INTERPRET=1`, CPU tests). Triton is imported on first use.
@@ -138,7 +138,7 @@ CUBLAS = None  # the config that runs `F.linear` instead: timed beside the kerne
 # Qwen3-8B's gate/up timed 2% faster alone on cuBLAS, yet a step ran 208.0 tok/s with it and 214.5 with the
 # GEMV (one H200, docs/performance.md): cuBLAS must win by this fraction to be chosen
 CUBLAS_MARGIN = 0.05
-_tuned: dict[tuple, tuple[int, int, int, int] | None] = {}
+_tuned: dict[tuple, tuple[int, ...] | None] = {}
 
 
 def _split(n: int, k: int, rows_per_block: int, bk: int, per_sm: int, x) -> tuple[int, int, int]:
@@ -205,7 +205,7 @@ def _graph_ms(fn, reps: int = 10) -> float:
     return start.elapsed_time(end) / reps
 
 
-def _gemv_config(x, weight, gate, parts: bool = False) -> tuple[int, int, int, int] | None:
+def _gemv_config(x, weight, gate, parts: bool = False) -> tuple[int, ...] | None:
     """The fastest kernel config for this shape and row count, and cuBLAS too unless `parts` (partial sums
     wanted), timed once on CUDA (the first config under the interpreter).
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class MoEParts(NamedTuple):
-    """A sparse block's parts (`SparseMoE`), for the routing kernel and the expert GEMV (moe.py)."""
+    """A sparse block's parts (`SparseMoE`), for the routing kernel and the expert kernels (moe.py)."""
 
     router: nn.Module  # called (x [N, H], *router_args) -> (logits, top-k weights, top-k indices)
     router_args: tuple[Any, ...]
@@ -71,7 +71,7 @@ class LayerModules(NamedTuple):
     attn_out_norm: nn.Module | None = None  # sandwich norms (Gemma) on the sublayer outputs
     mlp_out_norm: nn.Module | None = None
     moe_branch: tuple[nn.Module, ...] | None = None  # (router, experts, dense out, experts in, experts out norms)
-    moe_parts: MoEParts | None = None  # a sparse block's parts for the expert GEMV; None: it runs as its module
+    moe_parts: MoEParts | None = None  # a sparse block's parts for the MoE kernels; None: it runs as its module
     per_layer: tuple[nn.Module, ...] | None = None  # (gate, projection, norm, act) of the per-layer input
     scalar: torch.Tensor | None = None  # multiplies the layer's output
 

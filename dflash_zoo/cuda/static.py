@@ -4,9 +4,10 @@
   embedding), found through the names its adapter declares (`static_layout`, resolved in layout.py), writing
   K/V at tensor positions into [1, kvh, S, hd] buffers (attention.py runs the attention). Rollback is a
   position counter: rejected rows stay, masked, until overwritten; Gated-DeltaNet layers keep static states
-  that a commit moves on (gdn.py). A sparse MoE block runs as the family's own module, captured in a CUDA
-  graph only where its experts implementation does not sync with the host (layout.py); few-row steps run its
-  declared parts with the routed experts through the expert GEMV (moe.py).
+  that a commit moves on (gdn.py). A sparse MoE block runs as its declared parts: the routing rule's kernel
+  (or the router module) and, for steps of at most `moe_rows` rows, the routed experts through the MoE kernels
+  (moe.py); longer steps call the experts module, captured in a CUDA graph only where its implementation does
+  not sync with the host (layout.py).
 - `StaticDrafter`: the DFlash drafter (drafter.py modules) over a static context K/V buffer; the block's own
   K/V are written as scratch rows just past the context, so nothing is concatenated per step.
 Every shape is fixed for a given block, so a step can be captured in a CUDA graph (fast.py).
@@ -430,7 +431,7 @@ class StaticTarget:
         return m.o(out) if projected is None else projected  # [1, T, H]
 
     def _experts(self, experts, x, index, weights, gate=None) -> torch.Tensor | Parts:
-        """Routed experts of rows x [N, H]: the expert GEMV for few rows (its weighted slices, `Parts`), else
+        """Routed experts of rows x [N, H]: the MoE kernels for few rows (their weighted slices, `Parts`), else
         the module (its implementation)."""
         if x.shape[0] <= self.moe_rows and moe.supported(experts) is None:
             return Parts(moe.routed_parts(experts, x, index, weights, gate), None)
@@ -447,8 +448,8 @@ class StaticTarget:
         return moe.route(logits, p.routing.top_k, p.routing.rule, p.routing.renormalize)
 
     def _sparse(self, i: int, x):
-        """A sparse MoE block over x [1, T, H]: as its module, or as its declared parts (a one-row step's
-        routed experts as `Parts` where `fold_down`)."""
+        """A sparse MoE block over x [1, T, H]: as its module, or as its declared parts (the routed experts of
+        a step of at most `moe_rows` rows as `Parts` where `fold_down`)."""
         m, p = self.layers[i], self.layers[i].moe_parts
         if p is None or (x.shape[1] > self.moe_rows and p.routing is None):
             out = m.mlp(x)  # [1, T, H]; some MoE blocks also return their router scores
