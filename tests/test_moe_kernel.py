@@ -155,6 +155,25 @@ def test_one_row_experts_are_summed_by_the_next_norm(interpret, monkeypatch):  #
     assert seen.count(1) == (cfg.max_new_tokens - 1) * sparse and max(seen) <= eng.moe_rows
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_moe_ops_trace_under_torch_compile(interpret, rows):  # noqa: F811
+    """The fake functions of `route` and `expert_linear` give the real shapes: the routing kernel and both
+    expert kernels (one token, several) trace in one graph (aot_eager) with the same result."""
+    adapter, _ = static_pair("gpt_oss")
+    p = _sparse_layers(adapter)[0][0].moe_parts
+    w, b = p.router.weight, p.router.bias
+
+    def block(x):
+        weights, index = moe.route(x @ w.T + b, p.routing.top_k, p.routing.rule, p.routing.renormalize)
+        return moe.routed_parts(p.experts, x, index, weights, p.gate).sum(0) * 2  # a wrong fake shape fails
+    x = _inputs(adapter, rows, 5)
+    with torch.no_grad():
+        want = block(x)
+        torch.testing.assert_close(torch.compile(block, backend="aot_eager", fullgraph=True)(x), want)
+        _, weights, index = p.router(x)
+        torch.testing.assert_close(want, 2 * p.experts(x, index, weights), rtol=1e-5, atol=1e-5)
+
+
 def test_moe_rows_off_cuda_needs_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     adapter, drafter = static_pair("qwen3_moe")
