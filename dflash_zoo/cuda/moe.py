@@ -42,7 +42,8 @@ log = logging.getLogger("dflash_zoo")
 # under the interpreter). Each shape of Qwen3-Coder-30B-A3B, gpt-oss-20b (transposed weights too) and
 # Qwen3.5-35B-A3B picked one of the first four on an H200; tiles of 64 rows or more lost everywhere
 CONFIGS = [(32, 128, 4), (16, 128, 4), (16, 256, 4), (32, 256, 8), (16, 512, 8), (32, 512, 8), (8, 256, 4)]
-# several tokens: (output columns per program, K per iteration, warps, pipeline stages) of `expert_gemm`
+# several tokens: (output columns per program, K per iteration, warps, pipeline stages) of `expert_gemm`; at 16
+# rows on an H200 gpt-oss-20b picked (64, 128, 4, 2), the Qwen MoE shapes (128, 128, 8, 3) and (128, 64, 4, 3)
 GROUPED_CONFIGS = [(64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 4, 2), (128, 64, 4, 3), (32, 128, 4, 3),
                    (128, 128, 8, 3), (32, 256, 4, 2)]  # fmt: skip
 GATES = {None: 0, "silu": 1, "clamped_swiglu": 2}  # SparseMoE.expert_gate -> the kernel's ACT
