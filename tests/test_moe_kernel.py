@@ -25,8 +25,14 @@ def _sparse_layers(adapter):
     return [(m, m.mlp) for m in resolve(adapter).layers if m.moe_parts is not None]
 
 
+def _first_block(model_type: str, device: str = "cpu"):
+    """(the tiny target's adapter, the parts of its first sparse block)."""
+    adapter, _ = static_pair(model_type, device)
+    return adapter, _sparse_layers(adapter)[0][0].moe_parts
+
+
 MOE_TYPES = [t for t in STATIC_MODEL_TYPES if _sparse_layers(static_pair(t)[0])]
-ROUTED_TYPES = [t for t in MOE_TYPES if _sparse_layers(static_pair(t)[0])[0][0].moe_parts.routing is not None]
+ROUTED_TYPES = [t for t in MOE_TYPES if _first_block(t)[1].routing is not None]
 
 
 def test_the_matrix_has_moe_families_of_every_kind():
@@ -37,7 +43,7 @@ def test_the_matrix_has_moe_families_of_every_kind():
 
 def test_the_declared_rules_cover_every_kind():
     """Each declared routing rule and fused activation is exercised by some family of the matrix."""
-    parts = [_sparse_layers(static_pair(t)[0])[0][0].moe_parts for t in MOE_TYPES]
+    parts = [_first_block(t)[1] for t in MOE_TYPES]
     assert {p.routing.rule for p in parts if p.routing} == {"softmax_topk", "topk_softmax"}
     # qwen3_moe's tiny config leaves its top k unnormalised (norm_topk_prob false), the others renormalise
     assert {p.routing.renormalize for p in parts if p.routing and p.routing.rule == "softmax_topk"} == {True, False}
@@ -54,8 +60,7 @@ def _inputs(adapter, rows: int, seed: int, scale: float = 1.0):
 def test_routed_experts_equal_the_module(interpret, model_type, rows):  # noqa: F811
     """With the module's activation between the projections and with the declared one in the down kernel; x
     scaled up too, so that gpt-oss's clamps bite."""
-    adapter, _ = static_pair(model_type)
-    p = _sparse_layers(adapter)[0][0].moe_parts
+    adapter, p = _first_block(model_type)
     for scale in (1.0, 30.0):
         x = _inputs(adapter, rows, rows, scale)
         with torch.no_grad():
@@ -70,8 +75,7 @@ def test_routed_experts_equal_the_module(interpret, model_type, rows):  # noqa: 
 @pytest.mark.parametrize("rows", [1, 5])
 @pytest.mark.parametrize("model_type", ROUTED_TYPES)
 def test_routing_kernel_equals_the_router(interpret, model_type, rows):  # noqa: F811
-    adapter, _ = static_pair(model_type)
-    p = _sparse_layers(adapter)[0][0].moe_parts
+    adapter, p = _first_block(model_type)
     x = _inputs(adapter, rows, 7)
     with torch.no_grad():
         logits, want_w, want_i = p.router(x, *p.router_args)
@@ -100,8 +104,7 @@ def test_routing_picks_the_top_k_in_order_and_breaks_ties_low(interpret):  # noq
 def test_rows_sharing_their_experts(interpret, model_type, rows):  # noqa: F811
     """Several rows (the grouped kernel): every row on the same two experts (16 rows of one expert in one
     program), and rows whose experts repeat in another order."""
-    adapter, _ = static_pair(model_type)
-    p = _sparse_layers(adapter)[0][0].moe_parts
+    adapter, p = _first_block(model_type)
     x = _inputs(adapter, rows, 3)
     weights = torch.softmax(torch.randn(rows, 2, generator=torch.Generator().manual_seed(4)), -1)
     same = torch.tensor([[2, 0]]).repeat(rows, 1)
@@ -116,8 +119,7 @@ def test_rows_sharing_their_experts(interpret, model_type, rows):  # noqa: F811
 @pytest.mark.parametrize("model_type", MOE_TYPES)
 def test_a_wrong_expert_is_caught(interpret, model_type, rows):  # noqa: F811
     """The comparison above can fail: routing every pair to another expert changes the output."""
-    adapter, _ = static_pair(model_type)
-    p = _sparse_layers(adapter)[0][0].moe_parts
+    adapter, p = _first_block(model_type)
     x = _inputs(adapter, rows, 0)
     with torch.no_grad():
         _, weights, index = p.router(x, *p.router_args)
@@ -159,8 +161,7 @@ def test_one_row_experts_are_summed_by_the_next_norm(interpret, monkeypatch):  #
 def test_moe_ops_trace_under_torch_compile(interpret, rows):  # noqa: F811
     """The fake functions of `route` and `expert_linear` give the real shapes: the routing kernel and both
     expert kernels (one token, several) trace in one graph (aot_eager) with the same result."""
-    adapter, _ = static_pair("gpt_oss")
-    p = _sparse_layers(adapter)[0][0].moe_parts
+    adapter, p = _first_block("gpt_oss")
     w, b = p.router.weight, p.router.bias
 
     def block(x):
@@ -187,9 +188,8 @@ def test_moe_rows_off_cuda_needs_the_interpreter(monkeypatch):
 @pytest.mark.parametrize("rows", [1, 16])
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss"])
 def test_expert_gemv_bf16_on_cuda_is_close_and_captures(model_type, rows):
-    adapter, _ = static_pair(model_type, "cuda")
-    adapter.model.to(torch.bfloat16)
-    p = _sparse_layers(adapter)[0][0].moe_parts
+    adapter, p = _first_block(model_type, "cuda")
+    adapter.model.to(torch.bfloat16)  # in place: the resolved parts are the same modules
     x = torch.randn(rows, adapter.text_config.hidden_size, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         logits, weights, index = p.router(x, *p.router_args)

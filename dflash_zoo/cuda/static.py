@@ -117,9 +117,15 @@ class FusedLinear:
         """x [..., in] -> [..., sum(out_j)]: the outputs side by side (one GEMM when fused)."""
         if self.linears is not None:
             return torch.cat([m(x) for m in self.linears], dim=-1)
-        if self.gemv and x.numel() // x.shape[-1] <= gemv_ops.max_rows():
-            return gemv_ops.gemv(x, self.weight, self.bias, None)
-        return F.linear(x, self.weight, self.bias)
+        return _linear(x, self.weight, self.bias, self.gemv)
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gemv: bool) -> torch.Tensor:
+    """x [..., in] @ weight [out, in]^T + bias: for a few rows with `gemv` through `gemv_ops.gemv` (its kernels or
+    cuBLAS, as timed faster), else cuBLAS."""
+    if gemv and x.numel() // x.shape[-1] <= gemv_ops.max_rows():
+        return gemv_ops.gemv(x, weight, bias, None)
+    return F.linear(x, weight, bias)
 
 
 # `StaticLayout.norms` formulas that are not Llama's: (weight multiplied in fp32, offset added to the weight)
@@ -204,6 +210,15 @@ def _project(m: nn.Linear, x: torch.Tensor, gate: torch.Tensor | None, gemv: boo
 def _swiglu(act, gate: torch.Tensor, up: torch.Tensor, kernel: bool) -> torch.Tensor:
     """act(gate) * up; with `kernel` (act is SiLU), one kernel over the strided halves (`fused_ops.silu_mul`)."""
     return fused_ops.silu_mul(gate, up) if kernel else act(gate) * up
+
+
+def _swiglu_mlp(owner, gate_up: FusedLinear, down: nn.Linear, act, x, fold: bool = False):
+    """down(act(gate(x)) * up(x)) over x [..., H] with the switches of `owner` (a StaticTarget or StaticDrafter:
+    `gemv`, `silu`, `swiglu`); for one row with `fold`, as `Parts`."""
+    gate, up = gate_up(x)  # [..., F] each
+    # silu(gate) * up computed inside the kernel
+    projected = _project(down, up, gate, owner.gemv, fold) if owner.silu else None
+    return down(_swiglu(act, gate, up, owner.swiglu)) if projected is None else projected
 
 
 @dataclass(frozen=True)
@@ -442,9 +457,7 @@ class StaticTarget:
         logits where the MoE kernels run, else the router module."""
         if p.routing is None or not self.moe_rows:
             return p.router(x, *p.router_args)[1:]
-        w, b = p.router.weight, getattr(p.router, "bias", None)
-        few = self.gemv and x.shape[0] <= gemv_ops.max_rows()
-        logits = gemv_ops.gemv(x, w, b, None) if few else F.linear(x, w, b)  # [N, E]
+        logits = _linear(x, p.router.weight, getattr(p.router, "bias", None), self.gemv)  # [N, E]
         return moe.route(logits, p.routing.top_k, p.routing.rule, p.routing.renormalize)
 
     def _sparse(self, i: int, x):
@@ -462,7 +475,7 @@ class StaticTarget:
         out = _summed(out, flat)
         if p.shared is not None:  # the always-on expert, gated per token
             gate_up = self.shared_gate_up[i]
-            shared = p.shared(flat) if gate_up is None else self._swiglu_mlp(gate_up, *p.shared_mlp[2:], flat)
+            shared = p.shared(flat) if gate_up is None else _swiglu_mlp(self, gate_up, *p.shared_mlp[2:], flat)
             out = out + torch.sigmoid(p.shared_gate(flat)) * shared
         return out.reshape(x.shape)
 
@@ -470,14 +483,7 @@ class StaticTarget:
         m = self.layers[i]
         if self.gate_up[i] is None:
             return self._sparse(i, x)
-        return self._swiglu_mlp(self.gate_up[i], m.down, m.act, x, self.fold_down[i])
-
-    def _swiglu_mlp(self, gate_up: FusedLinear, down: nn.Linear, act, x, fold: bool = False):
-        """down(act(gate(x)) * up(x)) over x [..., H]; for one row with `fold`, as `Parts`."""
-        gate, up = gate_up(x)  # [..., F] each
-        # silu(gate) * up computed inside the kernel
-        projected = _project(down, up, gate, self.gemv, fold) if self.silu else None
-        return down(_swiglu(act, gate, up, self.swiglu)) if projected is None else projected
+        return _swiglu_mlp(self, self.gate_up[i], m.down, m.act, x, self.fold_down[i])
 
     def _ffn(self, i: int, x, h):
         """Residual x [1, T, H] plus the attention output h -> (that sum, the feed-forward sublayer's output for
@@ -654,8 +660,5 @@ class StaticDrafter:
             out = self.attend(q, self.k[i], self.v[i], masks[kind], a.head_dim**-0.5)
             o = _project(a.o_proj, out, None, self.gemv, fold=False)  # block rows: never `Parts`
             x, h = self.norm.add(layer.post_attention_layernorm, x, a.o_proj(out) if o is None else o)
-            gate, up = self.gate_up[i](h)  # [1, B, F] each
-            delta = _project(mlp.down_proj, up, gate, self.gemv, fold=False) if self.silu else None
-            if delta is None:
-                delta = mlp.down_proj(_swiglu(mlp.act, gate, up, self.swiglu))
+            delta = _swiglu_mlp(self, self.gate_up[i], mlp.down_proj, mlp.act, h)  # block rows: never `Parts`
         return self.norm.add(self.d.norm, x, delta)[1]
