@@ -146,6 +146,8 @@ def test_layer_with_kernels_equals_the_torch_layer(interpret, layer, verify, mon
     outputs and states as the torch ops'."""
     monkeypatch.setenv("DFLASH_ZOO_GDN_VERIFY", verify)
     ref, fast = _pair(layer)
+    monkeypatch.delenv("DFLASH_ZOO_GDN_VERIFY")
+    assert _pair(layer)[1].recurrent_verify  # the default
     assert fast.recurrent_verify == (verify == "recurrent")
     for i, (a, b) in enumerate(zip(_run(fast), _run(ref), strict=True)):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=f"output or state {i}")
