@@ -61,6 +61,7 @@ def test_bench_record_schema_and_projection(monkeypatch):
         for key in ("tokens_per_second", "ttft_seconds", "peak_memory_bytes", "roofline_fraction"):
             assert key in ar and key in spec
         assert r["speedup"] > 0
+        assert r["first_divergence"] is None  # a projection's drafts are not checked: no divergence to tell
     assert rec["options"]["compile"] is False
     assert rec["results"]["eager"]["compile_seconds"] is None
     assert (
@@ -84,6 +85,17 @@ def test_bench_record_schema_and_projection(monkeypatch):
     assert "commit" in prov["git"] and "gpu" in prov
     assert prov["environment"] == {"DFLASH_ZOO_MOE_ROWS": "4"}
     json.dumps(rec)  # serialisable as is
+
+
+def test_bench_record_tells_where_real_drafts_leave_the_greedy_output():
+    """Greedy with real drafts (no projection): fp32 on CPU, the DFlash output is the autoregressive one on both
+    engines (`first_divergence` None); the index is that of the first differing token otherwise."""
+    rec = _tiny_record()
+    assert rec["kind"] == "measurement"
+    for r in rec["results"].values():
+        assert r["autoregressive"]["output_ids"] == r["dflash"]["output_ids"]
+        assert r["first_divergence"] is None
+    assert B.first_difference([4, 5, 6], [4, 7, 6]) == 1
 
 
 def test_bench_cli_writes_the_record(tmp_path, monkeypatch):

@@ -130,7 +130,7 @@ def test_eval_explains_outputs_that_differ(capsys, matched, dtype, expected):
 
 
 def test_first_difference():
-    from dflash_zoo.training.evaluate import first_difference
+    from dflash_zoo.engine.results import first_difference
 
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1

@@ -246,10 +246,48 @@ def test_rope_store_equals_the_torch_ops(interpret, case, dtype):
     assert torch.equal(caches[1], ref_caches[1])  # V: copied as it is
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rope_store_gated_heads_in_the_fp32_norm_formula(interpret, dtype):
+    """Qwen3.5's gated attention: q heads of [query | gate] (the gates stay where they are), q/k norms of the
+    fp32 (1 + weight) formula, partial rotary: q and the caches as the torch ops (`fused_ops.rms_norm` of that
+    formula, then the rotation) give them."""
+    heads, kvh, hd, rot, t = 4, 2, 64, 16, 3
+    gen = torch.Generator().manual_seed(9)
+    qkv = torch.randn(t, (2 * heads + 2 * kvh) * hd, generator=gen).to(dtype)
+    qw, kw = ((torch.rand(hd, generator=gen) - 0.5).to(dtype) for _ in range(2))  # zero-centred weights
+    angle = torch.rand(t, rot // 2, generator=gen) * 6
+    cos, sin = (torch.cat([f(angle)] * 2, -1).to(dtype) for f in (torch.cos, torch.sin))
+    positions = torch.tensor([7, 2, 11])
+    caches = [torch.zeros(kvh, 16, hd, dtype=dtype) for _ in range(2)]
+    got = fused_ops.rope_store(qkv, qw, kw, cos, sin, positions, *caches, heads, 1e-6, True, True, 1.0)
+    q = qkv[:, : 2 * heads * hd].view(t, heads, 2, hd)[:, :, 0]  # [T, heads, hd]
+    k, v = qkv[:, 2 * heads * hd :].split(kvh * hd, dim=-1)
+    q, k = (fused_ops.rms_norm(y.reshape(t, -1, hd), w, 1e-6, True, 1.0) for y, w in ((q, qw), (k, kw)))
+    want_q = apply_rotary(q[None].transpose(1, 2), cos, sin)[0]
+    want_k = apply_rotary(k[None].transpose(1, 2), cos, sin)[0]
+    tol = dict(atol=2e-6, rtol=2e-6) if dtype == torch.float32 else dict(atol=0, rtol=0)
+    torch.testing.assert_close(got, want_q, **tol)
+    torch.testing.assert_close(caches[0][:, positions], want_k, **tol)
+    assert torch.equal(caches[1][:, positions], v.view(t, kvh, hd).transpose(0, 1))
+    plain = fused_ops.rope_store(qkv, qw, kw, cos, sin, positions, *caches, heads, 1e-6, True)  # Llama formula
+    assert not torch.allclose(plain.float(), got.float(), atol=1e-2)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "qwen3_next"])
+def test_gated_attention_layers_take_the_rope_kernel(interpret, model_type):
+    """With the kernels on, every gated full-attention layer of a hybrid target runs `rope_store` (its tokens
+    against the eager loop: `test_fast_path_with_split_kernels_equals_eager`)."""
+    adapter, drafter = _pair(model_type)
+    eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, gemv=True, fused_ops=True)
+    t = eng.target
+    attention = [i for i, q in enumerate(t.qkv) if q is not None]
+    assert attention and all(t.rope_kernel[i] and t.opts[i].gated for i in attention)
+
+
 def test_rope_store_rejects_a_width_that_is_not_its_heads_and_strided_caches(interpret):
     caches = [torch.zeros(2, 8, 16) for _ in range(2)]
     rope = (torch.ones(1, 16), torch.zeros(1, 16), torch.zeros(1, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"qkv width 96 is not \(4 \+ 2 x 2\) x 16"):
+    with pytest.raises(ValueError, match=r"qkv width 96 is not 4 x 16 \+ 2 x 2 x 16"):
         fused_ops.rope_store(torch.zeros(1, 96), None, None, *rope, *caches, 4, 1e-6)
     strided = torch.zeros(8, 2, 16).transpose(0, 1)  # [2, 8, 16] as a view, not laid out so
     with pytest.raises(ValueError, match="contiguous"):
@@ -350,6 +388,27 @@ def test_add_rms_norm_is_the_add_then_the_norm(interpret, dtype, formula):
     torch.testing.assert_close(y, fused_ops.rms_norm(row + out, w, 1e-6, fp32, offset), atol=tol, rtol=tol)
     with pytest.raises(ValueError, match="not of rows like"):
         fused_ops.add_rms_norm(x, parts, w, 1e-6, parts=True)
+
+
+def test_scaled_parts_add_beside_the_first_group(interpret):  # noqa: F811
+    """A second GEMV's partial sums scaled by sigmoid(logit) (`gemv_parts` with `scale`, a gated shared expert)
+    and added with the first group's by `add_rms_norm(more=...)`: the sum of both outputs, gate applied."""
+    gen = torch.Generator().manual_seed(6)
+    n, k = 100, 300
+    row, w = torch.randn(1, 1, n, generator=gen), torch.rand(n, generator=gen) + 0.5
+    inp, gate = torch.randn(1, 1, k, generator=gen), torch.randn(1, 1, k, generator=gen)
+    wa, wb = (torch.randn(n, k, generator=gen) / k**0.5 for _ in range(2))
+    logit = torch.tensor([[-0.7]])
+    first = gemv._gemv_parts(inp, wa, None, (8, 128, 4, 4))
+    second = gemv.gemv_parts(inp, wb, gate, logit)
+    want = inp @ wa.T + torch.sigmoid(logit) * ((F.silu(gate) * inp) @ wb.T)
+    total, y = fused_ops.add_rms_norm(row, first, w, 1e-6, parts=True, more=second)
+    torch.testing.assert_close(total, row + want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(y, fused_ops.rms_norm(row + want, w, 1e-6), atol=1e-5, rtol=1e-5)
+    without, _ = fused_ops.add_rms_norm(row, first, w, 1e-6, parts=True)
+    assert not torch.allclose(without, total, atol=1e-3)  # the second group counts
+    with pytest.raises(ValueError, match="one row"):
+        gemv.gemv_parts(inp.expand(1, 2, k), wb, None, logit)
 
 
 def test_silu_mul_kernel_is_torch_on_strided_halves(interpret):

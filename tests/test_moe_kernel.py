@@ -227,3 +227,29 @@ def test_gemma4_experts_beside_the_dense_mlp_through_the_gemv(interpret):  # noq
     eager, fast = _eager(adapter, drafter, prompt, cfg), eng.speculative(prompt, cfg)
     assert fast.output_ids == eager.output_ids
     assert [s.proposed for s in fast.steps] == [s.proposed for s in eager.steps]
+
+
+SHARED_TYPES = [t for t in MOE_TYPES if _first_block(t)[1].shared_mlp is not None]
+
+
+@pytest.mark.parametrize("model_type", SHARED_TYPES)
+def test_one_row_shared_expert_folds_beside_the_routed_slices(interpret, model_type):  # noqa: F811
+    """A gated shared expert in a one-row step: its gate a third output of its fused gate/up GEMV, its down
+    GEMV's sums scaled by the gate's sigmoid and handed to the next norm with the routed slices (`Parts.more`);
+    their total is the block's output, and tokens stay the eager loop's (fp32)."""
+    from dflash_zoo.cuda.static import Parts
+
+    adapter, drafter = static_pair(model_type)
+    eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, gemv=True, fused_ops=True)
+    t = eng.target
+    folded = [i for i, m in enumerate(t.layers) if m.moe_parts is not None and t.fold_down[i]]
+    assert folded and all(len(t.shared_gate_up[i].sizes) == 3 for i in folded)
+    x = torch.randn(1, 1, adapter.text_config.hidden_size, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        got = t._sparse(folded[0], x)
+        want = t.layers[folded[0]].mlp(x)
+    assert isinstance(got, Parts) and got.more is not None
+    torch.testing.assert_close(got.total(x), want[0] if isinstance(want, tuple) else want, atol=1e-5, rtol=1e-4)
+    cfg = GenerationConfig(max_new_tokens=6)
+    prompt = _prompts(1)[0]
+    assert eng.autoregressive(prompt, cfg).output_ids == _eager(adapter, drafter, prompt, cfg).output_ids

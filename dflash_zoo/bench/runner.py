@@ -29,7 +29,7 @@ from dflash_zoo.bench.shapes import CODER_MOE, SHAPES, Shape, shape_target  # no
 from dflash_zoo.bench.shapes import shape_drafter as _random_drafter
 from dflash_zoo.cuda import gemv, moe
 from dflash_zoo.engine.decode import EagerEngine
-from dflash_zoo.engine.results import GenerationConfig, GenerationResult
+from dflash_zoo.engine.results import GenerationConfig, GenerationResult, first_difference
 from dflash_zoo.engine.run import Engine
 
 log = logging.getLogger("dflash_zoo")
@@ -279,6 +279,11 @@ def run_bench(sub: Subject, opts: BenchOptions, argv: list[str] | None = None) -
             "autoregressive": ar,
             "dflash": spec,
             "speedup": spec["tokens_per_second"] / max(ar["tokens_per_second"], 1e-9),
+            # greedy with real drafts: the first token where the DFlash output leaves the autoregressive one
+            # (None: equal), the bf16 verify-versus-decode numerics check; not defined for projections
+            "first_divergence": first_difference(spec["output_ids"], ar["output_ids"])
+            if override is None and opts.temperature == 0
+            else None,
             # one-off costs, paid in the warm-up runs (not in tok/s when warmup >= 1); None for eager
             "compile_seconds": eng.compile_seconds if path == "fast" else None,
             "capture_seconds": eng.capture_seconds if path == "fast" else None,

@@ -35,21 +35,22 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def rope_store(QKV, QW, KW, Cos, Sin, Pos, Q, K, V, rows, width, keys, heads, kvh, hd, rot, eps,
-                   D: tl.constexpr, NORM: tl.constexpr):  # fmt: skip
+    def rope_store(QKV, QW, KW, Cos, Sin, Pos, Q, K, V, rows, width, keys, heads, kvh, hd, rot, eps, qspan,
+                   offset, D: tl.constexpr, NORM: tl.constexpr, FP32_WEIGHT: tl.constexpr):  # fmt: skip
         t, j = tl.program_id(0), tl.program_id(1)  # row; head slot: q heads, then k heads, then v heads
         d = tl.arange(0, D)
         dok = d < hd
-        x = tl.load(QKV + t * width + j * hd + d, mask=dok, other=0.0)
+        col = tl.where(j < heads, j * qspan, heads * qspan + (j - heads) * hd)  # q heads may span [query | gate]
+        x = tl.load(QKV + t * width + col + d, mask=dok, other=0.0)
         pos = tl.load(Pos + t)
         if j >= heads + kvh:  # a V head: stored as it is
             tl.store(V + ((j - heads - kvh) * keys + pos) * hd + d, x, mask=dok)
         else:
             half = rot // 2
             pd = tl.where(d < half, d + half, d - half)  # rotate_half's partner of each rotated dim
-            xp = tl.load(QKV + t * width + j * hd + pd, mask=dok & (d < rot), other=0.0)
+            xp = tl.load(QKV + t * width + col + pd, mask=dok & (d < rot), other=0.0)
             xf, xpf = x.to(tl.float32), xp.to(tl.float32)
-            if NORM:  # weight * rms_norm(x): the norm rounded to the dtype, then the weight product
+            if NORM:  # the q/k norm in the declared formula (as `rms_norm`), per head
                 r = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / hd + eps)
                 if j < heads:
                     w = tl.load(QW + d, mask=dok, other=0.0).to(tl.float32)
@@ -57,8 +58,12 @@ def _kernels():
                 else:
                     w = tl.load(KW + d, mask=dok, other=0.0).to(tl.float32)
                     wp = tl.load(KW + pd, mask=dok, other=0.0).to(tl.float32)
-                xf = ((xf * r).to(x.dtype).to(tl.float32) * w).to(x.dtype).to(tl.float32)
-                xpf = ((xpf * r).to(x.dtype).to(tl.float32) * wp).to(x.dtype).to(tl.float32)
+                if FP32_WEIGHT:  # normed * (offset + weight) in fp32, rounded once
+                    xf = (xf * r * (w + offset)).to(x.dtype).to(tl.float32)
+                    xpf = (xpf * r * (wp + offset)).to(x.dtype).to(tl.float32)
+                else:  # Llama: the norm rounded to the dtype, then the weight product
+                    xf = ((xf * r).to(x.dtype).to(tl.float32) * w).to(x.dtype).to(tl.float32)
+                    xpf = ((xpf * r).to(x.dtype).to(tl.float32) * wp).to(x.dtype).to(tl.float32)
             # x * cos + rotate_half(x) * sin, each product rounded; dims past `rot` pass (cos 1, sin 0)
             c = tl.load(Cos + t * rot + d, mask=d < rot, other=1.0).to(tl.float32)
             s = tl.load(Sin + t * rot + d, mask=d < rot, other=0.0).to(tl.float32)
@@ -71,8 +76,9 @@ def _kernels():
                 tl.store(K + ((j - heads) * keys + pos) * hd + d, y, mask=dok)
 
     @triton.jit
-    def rms_norm(X, Dl, B, W, G, S, Y, n, splits, eps, offset, D: tl.constexpr, FP32_WEIGHT: tl.constexpr,
-                 GATED: tl.constexpr, ADD: tl.constexpr, PARTS: tl.constexpr, BIAS: tl.constexpr):  # fmt: skip
+    def rms_norm(X, Dl, Dm, B, W, G, S, Y, n, splits, more, eps, offset, D: tl.constexpr, FP32_WEIGHT: tl.constexpr,
+                 GATED: tl.constexpr, ADD: tl.constexpr, PARTS: tl.constexpr, MORE: tl.constexpr,
+                 BIAS: tl.constexpr):  # fmt: skip
         row, d = tl.program_id(0), tl.arange(0, D)
         ok = d < n
         x = tl.load(X + row * n + d, mask=ok, other=0.0)
@@ -84,6 +90,9 @@ def _kernels():
                         sp = s0 + s1
                         at = Dl + (sp * tl.num_programs(0) + row) * n + d
                         acc += tl.load(at, mask=ok & (d * 0 + sp < splits), other=0.0)
+                if MORE:  # a second group of partial sums [more, rows, n] (a shared expert's), after the first
+                    for sp in range(0, more):
+                        acc += tl.load(Dm + (sp * tl.num_programs(0) + row) * n + d, mask=ok, other=0.0)
                 if BIAS:
                     acc += tl.load(B + d, mask=ok, other=0.0).to(tl.float32)
                 delta = acc.to(x.dtype)
@@ -128,14 +137,19 @@ def rope_store(
     v_cache: torch.Tensor,
     heads: int,
     eps: float,
+    gated: bool = False,
+    fp32_weight: bool = False,
+    offset: float = 0.0,
 ) -> torch.Tensor:
-    """qkv [T, (heads + 2 kvh) * hd]: q, k, v projections side by side (heads 0: k and v only); cos, sin
-    [T, rot]; positions [T]; k_cache, v_cache [kvh, S, hd]. With norm weights [hd] (both or neither), q and k
-    are RMSNorm'd first. Writes k (rotated) and v at `positions`; returns q rotated, [heads, T, hd]."""
+    """qkv [T, (heads + 2 kvh) * hd]: q, k, v projections side by side (heads 0: k and v only); `gated`: each
+    q head is [query | gate] (2 hd wide; the gates are left in qkv). cos, sin [T, rot]; positions [T]; k_cache,
+    v_cache [kvh, S, hd]. With norm weights [hd] (both or neither), q and k are RMSNorm'd first, in Llama's
+    formula or with `fp32_weight` `rms_norm`'s fp32 one. Writes k (rotated) and v at `positions`; returns q
+    rotated, [heads, T, hd]."""
     kvh, keys, hd = k_cache.shape
-    t = qkv.shape[0]
-    if qkv.shape[1] != (heads + 2 * kvh) * hd:
-        raise ValueError(f"qkv width {qkv.shape[1]} is not ({heads} + 2 x {kvh}) x {hd}")
+    t, qspan = qkv.shape[0], 2 * hd if gated else hd
+    if qkv.shape[1] != heads * qspan + 2 * kvh * hd:
+        raise ValueError(f"qkv width {qkv.shape[1]} is not {heads} x {qspan} + 2 x {kvh} x {hd}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("rope_store writes into contiguous [kvh, S, hd] caches only")
     qkv, cos, sin, positions = qkv.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous()
@@ -144,25 +158,28 @@ def rope_store(
     qw, kw = (q_weight, k_weight) if norm else (qkv, qkv)  # unread without NORM
     _kernels()[0][(t, heads + 2 * kvh)](
         qkv, qw, kw, cos, sin, positions, q, k_cache, v_cache, t, qkv.shape[1], keys, heads, kvh, hd,
-        cos.shape[-1], eps, D=_pow2(hd), NORM=norm,
+        cos.shape[-1], eps, qspan, offset, D=_pow2(hd), NORM=norm, FP32_WEIGHT=fp32_weight,
     )  # fmt: skip
     return q
 
 
 @rope_store.register_fake
-def _(qkv, q_weight, k_weight, cos, sin, positions, k_cache, v_cache, heads, eps):
+def _(qkv, q_weight, k_weight, cos, sin, positions, k_cache, v_cache, heads, eps, gated=False, fp32_weight=False,
+      offset=0.0):  # fmt: skip
     return qkv.new_empty(heads, qkv.shape[0], k_cache.shape[-1])
 
 
-def _norm_launch(x, delta, bias, weight, gate, total, y, eps, fp32_weight, offset, gated: bool, parts: bool):
+def _norm_launch(x, delta, bias, weight, gate, total, y, eps, fp32_weight, offset, gated: bool, parts: bool,
+                 more: torch.Tensor | None = None):  # fmt: skip
     """One `rms_norm` program per row; with `delta` the residual add first (into `total`)."""
     n = x.shape[-1]
     d = _pow2(n)
     add = delta is not None
     _kernels()[1][(x.numel() // n,)](
-        x, delta if add else x, bias if bias is not None else weight, weight, gate, total if add else y, y, n,
-        delta.shape[0] if parts else 1, eps, offset, D=d, FP32_WEIGHT=fp32_weight, GATED=gated, ADD=add,
-        PARTS=parts, BIAS=bias is not None, num_warps=4 if d <= 2048 else 8,
+        x, delta if add else x, more if more is not None else x, bias if bias is not None else weight, weight, gate,
+        total if add else y, y, n, delta.shape[0] if parts else 1, more.shape[0] if more is not None else 0, eps,
+        offset, D=d, FP32_WEIGHT=fp32_weight, GATED=gated, ADD=add, PARTS=parts, MORE=more is not None,
+        BIAS=bias is not None, num_warps=4 if d <= 2048 else 8,
     )  # fmt: skip
 
 
@@ -219,18 +236,24 @@ def add_rms_norm(
     offset: float = 0.0,
     parts: bool = False,
     bias: torch.Tensor | None = None,
+    more: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., n] + delta -> (the sum [..., n], its RMSNorm as `rms_norm` computes it). delta is [..., n] like
     x, or with `parts` the fp32 partial sums [splits, rows, n] of a few-row GEMV (`gemv.gemv_parts`), added
-    in order with `bias` and rounded to x's dtype first, as `gemv.gemv` would return them."""
+    in order with those of `more` (another such group) and `bias`, and rounded to x's dtype first, as
+    `gemv.gemv` would return them."""
     x, weight, delta = x.contiguous(), weight.contiguous(), delta.contiguous()
-    if parts and delta[0].numel() != x.numel():
-        raise ValueError(f"partial sums {list(delta.shape)} are not of rows like {list(x.shape)}")
+    for sums in (delta, more) if parts else ():
+        if sums is not None and sums[0].numel() != x.numel():
+            raise ValueError(f"partial sums {list(sums.shape)} are not of rows like {list(x.shape)}")
+    if more is not None and not parts:
+        raise ValueError("`more` partial sums go with `parts`")
+    more = more.contiguous() if more is not None else None
     total, y = torch.empty_like(x), torch.empty_like(x)
-    _norm_launch(x, delta, bias, weight, x, total, y, eps, fp32_weight, offset, False, parts)
+    _norm_launch(x, delta, bias, weight, x, total, y, eps, fp32_weight, offset, False, parts, more)
     return total, y
 
 
 @add_rms_norm.register_fake
-def _(x, delta, weight, eps, fp32_weight=False, offset=0.0, parts=False, bias=None):
+def _(x, delta, weight, eps, fp32_weight=False, offset=0.0, parts=False, bias=None, more=None):
     return torch.empty_like(x), torch.empty_like(x)

@@ -37,7 +37,8 @@ def _kernels():
 
     @triton.jit
     def gemv_part(
-        W, X, Gate, Part, n_out, k_in, k_split, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.constexpr
+        W, X, Gate, Scale, Part, n_out, k_in, k_split, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.constexpr,
+        SCALE: tl.constexpr,
     ):
         pn, ps = tl.program_id(0), tl.program_id(1)  # output rows, K slice
         rows = pn * BN + tl.arange(0, BN)
@@ -53,7 +54,11 @@ def _kernels():
                 x = (a.to(tl.float32) * x.to(tl.float32)).to(x.dtype)
             w = tl.load(W + rows[:, None] * k_in + cols[None, :], mask=rok[:, None] & cok[None, :], other=0.0)
             acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-        tl.store(Part + ps * n_out + rows, tl.sum(acc, 1), mask=rok)
+        y = tl.sum(acc, 1)
+        if SCALE:  # times sigmoid(logit), rounded to the dtype as torch's sigmoid (a shared expert's gate)
+            logit = tl.load(Scale)
+            y *= (1.0 / (1.0 + tl.exp(-logit.to(tl.float32)))).to(logit.dtype).to(tl.float32)
+        tl.store(Part + ps * n_out + rows, y, mask=rok)
 
     @triton.jit
     def gemm_part(W, X, Gate, Part, Bias, n_rows, n_out, k_in, k_split, x_stride, g_stride,
@@ -149,9 +154,10 @@ def _split(n: int, k: int, rows_per_block: int, bk: int, per_sm: int, x) -> tupl
     return blocks, -(-k // k_split), k_split
 
 
-def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False) -> torch.Tensor:
+def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False, scale=None) -> torch.Tensor:
     """fp32 partial sums [splits, rows, N] of x [..., K] (rows = all leading sizes, at most ROWS) times weight
-    [N, K]^T over slices of K; with `direct` and one slice, the output [rows, N] itself (bias added)."""
+    [N, K]^T over slices of K; with `direct` and one slice, the output [rows, N] itself (bias added). `scale`
+    (one row only): a logit whose sigmoid multiplies the sums."""
     n, k = weight.shape
     rows = x.numel() // x.shape[-1]
     bn, bk, per_sm, warps = config[:4]
@@ -160,9 +166,12 @@ def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False) -> tor
     if rows == 1:
         part = torch.empty(splits, 1, n, device=x.device, dtype=torch.float32)
         _kernels()[0][(blocks, splits)](
-            weight, x, g, part, n, k, k_split, BN=bn, BK=bk, SILU=gate is not None, num_warps=warps
-        )
+            weight, x, g, scale if scale is not None else x, part, n, k, k_split, BN=bn, BK=bk,
+            SILU=gate is not None, SCALE=scale is not None, num_warps=warps,
+        )  # fmt: skip
         return part
+    if scale is not None:
+        raise ValueError(f"a scaled GEMV takes one row, not {rows}")
     x2, g2 = x.reshape(rows, k), g.reshape(rows, k)  # views: rows may be strided (halves of gate/up)
     direct = direct and splits == 1
     part = torch.empty(splits, rows, n, device=x.device, dtype=torch.float32) if not direct else x.new_empty(rows, n)
@@ -260,15 +269,18 @@ def _(x, weight, bias, gate):
 
 
 @torch.library.custom_op("dflash_zoo::gemv_parts", mutates_args=())
-def gemv_parts(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+def gemv_parts(
+    x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, scale: torch.Tensor | None = None
+) -> torch.Tensor:
     """`gemv` without its last kernel: fp32 partial sums [splits, rows, N] whose in-order sum is the output
-    (before bias and rounding); `fused_ops.add_rms_norm` sums them into the residual."""
+    (before bias and rounding); `fused_ops.add_rms_norm` sums them into the residual. For one row, `scale` (a
+    one-element logit) multiplies them by its sigmoid, rounded as torch's: a gated shared expert's output."""
     x, weight, gate = _few_rows(x, weight, gate)
-    return _gemv_parts(x, weight, gate, _gemv_config(x, weight, gate, parts=True))
+    return _gemv_parts(x, weight, gate, _gemv_config(x, weight, gate, parts=True), scale=scale)
 
 
 @gemv_parts.register_fake
-def _(x, weight, gate):
+def _(x, weight, gate, scale=None):
     # not traceable: the slice count is tuned at run time (the static path never compiles it, `static.py`)
     raise NotImplementedError("gemv_parts has no fixed output shape to trace")
 

@@ -165,8 +165,8 @@ class _Norms:
         if self.fuses(module, x.dtype):
             eps = getattr(module, "variance_epsilon", getattr(module, "eps", self.eps))
             parts = isinstance(delta, Parts)
-            d, bias = (delta.sums, delta.bias) if parts else (delta, None)
-            return fused_ops.add_rms_norm(x, d, module.weight, eps, self.fp32, self.offset, parts, bias)
+            d, bias, more = (delta.sums, delta.bias, delta.more) if parts else (delta, None, None)
+            return fused_ops.add_rms_norm(x, d, module.weight, eps, self.fp32, self.offset, parts, bias, more)
         x = _plus(x, delta)
         return x, self(module, x)
 
@@ -178,10 +178,13 @@ class Parts:
 
     sums: torch.Tensor
     bias: torch.Tensor | None
+    more: torch.Tensor | None = None  # a second output's partial sums, added to the first (a shared expert's)
 
     def total(self, like: torch.Tensor) -> torch.Tensor:
         """The GEMV's output, shaped and typed like `like` (where no fused add takes the sums)."""
-        y = self.sums.sum(0) + (self.bias.float() if self.bias is not None else 0)
+        y = self.sums.sum(0)
+        for extra in (self.more.sum(0) if self.more is not None else None, self.bias):
+            y = y if extra is None else y + extra.float()
         return y.to(like.dtype).view(like.shape)
 
 
@@ -207,6 +210,11 @@ def _project(m: nn.Linear, x: torch.Tensor, gate: torch.Tensor | None, gemv: boo
     return gemv_ops.gemv(x, m.weight, m.bias, gate)
 
 
+def _logit(gate: nn.Module | None) -> list[nn.Linear]:
+    """[gate] where a shared expert's gate is a plain one-output linear (fused beside its gate/up), else []."""
+    return [gate] if isinstance(gate, nn.Linear) and gate.out_features == 1 else []
+
+
 def _swiglu(act, gate: torch.Tensor, up: torch.Tensor, kernel: bool) -> torch.Tensor:
     """act(gate) * up; with `kernel` (act is SiLU), one kernel over the strided halves (`fused_ops.silu_mul`)."""
     return fused_ops.silu_mul(gate, up) if kernel else act(gate) * up
@@ -215,7 +223,11 @@ def _swiglu(act, gate: torch.Tensor, up: torch.Tensor, kernel: bool) -> torch.Te
 def _swiglu_mlp(owner, gate_up: FusedLinear, down: nn.Linear, act, x, fold: bool = False):
     """down(act(gate(x)) * up(x)) over x [..., H] with the switches of `owner` (a StaticTarget or StaticDrafter:
     `gemv`, `silu`, `swiglu`); for one row with `fold`, as `Parts`."""
-    gate, up = gate_up(x)  # [..., F] each
+    return _swiglu_down(owner, *gate_up(x), down, act, fold)
+
+
+def _swiglu_down(owner, gate, up, down: nn.Linear, act, fold: bool = False):
+    """down(act(gate) * up) for the gate and up outputs [..., F], as `_swiglu_mlp`."""
     # silu(gate) * up computed inside the kernel
     projected = _project(down, up, gate, owner.gemv, fold) if owner.silu else None
     return down(_swiglu(act, gate, up, owner.swiglu)) if projected is None else projected
@@ -233,6 +245,7 @@ class QKVOptions:
 
 
 PLAIN = QKVOptions()
+GATED = QKVOptions(gated=True)  # Qwen3.5 / Qwen3-Next: [query | gate] per q head, and nothing else
 
 
 def _qkv_store(proj, x, heads: int, norm, qk, rope, positions, buffers, fused: bool, opts: QKVOptions = PLAIN):
@@ -243,10 +256,15 @@ def _qkv_store(proj, x, heads: int, norm, qk, rope, positions, buffers, fused: b
     (cos, sin), (k_buf, v_buf) = rope, buffers
     if fused:
         w = (qk[0].weight, qk[1].weight) if qk else (None, None)
+        qkv = proj.joint(x)[0]  # [T, width]
         q = fused_ops.rope_store(
-            proj.joint(x)[0], *w, cos, sin, positions, k_buf[0], v_buf[0], heads, norm.eps
+            qkv, *w, cos, sin, positions, k_buf[0], v_buf[0], heads, norm.eps, opts.gated, norm.fp32, norm.offset
         )
-        return q[None] if heads else None
+        q = q[None] if heads else None
+        if not opts.gated:
+            return q
+        hd = k_buf.shape[-1]  # the gates, left in qkv: [1, T, heads, hd], strided
+        return q, qkv[:, : 2 * heads * hd].view(1, -1, heads, 2, hd)[:, :, :, 1]
     t, hd = x.shape[1], k_buf.shape[-1]
     outs = list(proj(x))  # [1, T, width] each: q (with heads), then k and v unless shared
     q = outs.pop(0) if heads else None
@@ -326,19 +344,21 @@ class StaticTarget:
                     else None for m in self.layers]  # fmt: skip
         self.opts = [QKVOptions(m.output_gate, m.qk_norm_per_head, m.v_norm, m.kv_source is not None)
                      for m in self.layers]  # fmt: skip
-        # q/k norm + rotary + K/V writes in one kernel: plain layers (q/k/v; per-head q/k norms of Llama's
-        # formula, or none, as gpt-oss's)
-        self.rope_kernel = [fused_ops and o == PLAIN and m.v is not None and (m.qk_norm is None or llama)
+        # q/k norm + rotary + K/V writes in one kernel: plain or gated layers (q/k/v; per-head q/k norms of
+        # the declared formula, or none, as gpt-oss's)
+        self.rope_kernel = [fused_ops and o in (PLAIN, GATED) and m.v is not None
                             for m, o in zip(self.layers, self.opts, strict=True)]  # fmt: skip
         # GDN layers: their own static states; the input projections as one GEMM, split by the adapter
         self.gdn = [StaticGDN(m.gdn, m.gdn_parts, adapter.gdn_split, fused_ops, fuse, gemv) if m.gdn is not None
                     else None for m in self.layers]  # fmt: skip
         # dense MLPs only: a sparse MoE block runs as its module or its declared parts (`_sparse`): None here
         self.gate_up = [FusedLinear([m.gate, m.up], fuse, gemv) if m.gate is not None else None for m in self.layers]
-        # a sparse block's shared expert with dense projection names: fused the same way
-        self.shared_gate_up = [FusedLinear(list(m.moe_parts.shared_mlp[:2]), fuse, gemv)
-                               if m.moe_parts is not None and m.moe_parts.shared_mlp else None
-                               for m in self.layers]  # fmt: skip
+        # a sparse block's shared expert with dense projection names: fused the same way, with its one-logit gate
+        # as a third output where that is a plain linear (`_shared`)
+        self.shared_gate_up = [
+            FusedLinear([*m.moe_parts.shared_mlp[:2], *_logit(m.moe_parts.shared_gate)], fuse, gemv)
+            if m.moe_parts is not None and m.moe_parts.shared_mlp else None for m in self.layers
+        ]  # fmt: skip
         # few-row o / down projections whose partial sums the next residual add takes (`Parts`): where that add
         # and norm run as one kernel and nothing else reads the sublayer's output first
         self.fold_o, self.fold_down = self._folds(mods.final_norm)
@@ -364,9 +384,11 @@ class StaticTarget:
         fuses = [self.norm.fuses(n, self.dtype) for n in (*(m.input_norm for m in self.layers[1:]), final_norm)]
         o = [q is not None and m.attn_out_norm is None and self.norm.fuses(m.post_norm, self.dtype)
              for q, m in zip(self.qkv, self.layers, strict=True)]  # fmt: skip
-        # a dense SwiGLU MLP's down GEMV, or a sparse block's routed experts without a shared expert (`_sparse`)
-        parts = [(g is not None and self.silu) or (m.moe_parts is not None and m.moe_parts.shared is None)
-                 for g, m in zip(self.gate_up, self.layers, strict=True)]  # fmt: skip
+        # a dense SwiGLU MLP's down GEMV, or a sparse block's routed experts and its shared expert, if any, where
+        # that folds too (`_sparse`)
+        sparse = [m.moe_parts is not None and (m.moe_parts.shared is None or self._shared_folds(i))
+                  for i, m in enumerate(self.layers)]  # fmt: skip
+        parts = [(g is not None and self.silu) or f for g, f in zip(self.gate_up, sparse, strict=True)]
         down = [  # the layer's residual sum is left to the next norm (`forward`), which fuses
             p and nxt and m.moe_branch is None and m.mlp_out_norm is None
             and i not in self.taps and m.per_layer is None and m.scalar is None
@@ -440,8 +462,8 @@ class StaticTarget:
                 out = _grouped_split(q, k, v, gmask, m.scaling, m.sinks)
             else:
                 out = _grouped_sinks(q, k, v, gmask, m.scaling, m.sinks)
-        if gate is not None:
-            out = out * torch.sigmoid(gate)
+        if gate is not None:  # gate [1, T, heads * hd], or [1, T, heads, hd] strided (the rope kernel's)
+            out = (out.reshape(gate.shape) * torch.sigmoid(gate)).reshape(out.shape)
         projected = _project(m.o, out, None, self.gemv, self.fold_o[i])
         return m.o(out) if projected is None else projected  # [1, T, H]
 
@@ -470,14 +492,33 @@ class StaticTarget:
         flat = x.reshape(-1, x.shape[-1])  # [T, H]
         weights, index = self._route(p, flat)  # [T, k] each
         out = self._experts(p.experts, flat, index, weights, p.gate)
-        if isinstance(out, Parts) and self.fold_down[i]:
-            return out  # summed into the residual by the next norm's kernel
+        fold = isinstance(out, Parts) and self.fold_down[i]
+        shared = self._shared(i, flat, fold) if p.shared is not None else None
+        if fold and not isinstance(shared, torch.Tensor):  # summed into the residual by the next norm's kernel
+            return out if shared is None else Parts(out.sums, None, shared.sums)
         out = _summed(out, flat)
-        if p.shared is not None:  # the always-on expert, gated per token
-            gate_up = self.shared_gate_up[i]
-            shared = p.shared(flat) if gate_up is None else _swiglu_mlp(self, gate_up, *p.shared_mlp[2:], flat)
-            out = out + torch.sigmoid(p.shared_gate(flat)) * shared
-        return out.reshape(x.shape)
+        return (out if shared is None else out + shared).reshape(x.shape)
+
+    def _shared_folds(self, i: int) -> bool:
+        """Whether layer i's shared expert runs as a gated down GEMV's `Parts` in a one-row step: SwiGLU with
+        dense names, its gate a third output of the fused projection, no down bias."""
+        p = self.layers[i].moe_parts
+        gate_up = self.shared_gate_up[i]
+        return gate_up is not None and len(gate_up.sizes) == 3 and self.silu and p.shared_mlp[2].bias is None
+
+    def _shared(self, i: int, x, fold: bool) -> torch.Tensor | Parts:
+        """The always-on expert over rows x [N, H], gated per row: sigmoid(shared_gate(x)) * shared(x); for one
+        row with `fold`, as `Parts` (the gate applied in the down kernel)."""
+        p, gate_up = self.layers[i].moe_parts, self.shared_gate_up[i]
+        if gate_up is None:
+            return torch.sigmoid(p.shared_gate(x)) * p.shared(x)
+        gate, up, *logit = gate_up(x)  # [N, F] each; [N, 1] where the gate is fused
+        logit = logit[0] if logit else p.shared_gate(x)
+        down, act = p.shared_mlp[2:]
+        # gemv_parts' shape is tuned at run time: not traceable
+        if fold and x.shape[0] == 1 and self._shared_folds(i) and not torch.compiler.is_compiling():
+            return Parts(gemv_ops.gemv_parts(up, down.weight, gate, logit), None)
+        return torch.sigmoid(logit) * _swiglu_down(self, gate, up, down, act)
 
     def _mlp(self, i: int, x):
         m = self.layers[i]

@@ -164,3 +164,10 @@ def target_positions(config: Any) -> int | None:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     value = getattr(text, "max_position_embeddings", None)
     return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where a and b differ (a length difference counts); None when equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))

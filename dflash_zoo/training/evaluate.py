@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dflash_zoo.engine.results import GenerationResult
+from dflash_zoo.engine.results import GenerationResult, first_difference
 
 log = logging.getLogger("dflash_zoo")
 
@@ -46,13 +46,6 @@ class EvalResult:
         out = asdict(self)
         out["histogram"] = {str(k): v for k, v in self.histogram.items()}
         return out
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """Index of the first token where a and b differ (a length difference counts); None when equal."""
-    if a == b:
-        return None
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def per_position_acceptance(results: list[GenerationResult], block_size: int) -> list[float]:
