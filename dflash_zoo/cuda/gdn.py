@@ -5,10 +5,11 @@ A GDN layer carries two states instead of K/V rows: the last K-1 inputs of its c
 position counter, so a verify step leaves them untouched and `commit(n)` moves them past the first n verified
 rows once the acceptance is known, on device, at fixed shapes:
 - conv window: the K-1 inputs ending at row n, gathered from the verify's conv input at tensor positions;
-- recurrent state: the delta rule over the n accepted rows from the pre-verify state: with
-  flash-linear-attention its fused recurrent kernel (one launch), else in closed form
-  (`gated_delta_final_state`, the same solve as the eager engine's recompute rollback, ~25 kernels); the rows
-  past n get beta 0 and decay 1, which makes them identity steps, so the shape never depends on n.
+- recurrent state: the delta rule over the n accepted rows from the pre-verify state: `delta_rule` with the
+  count read on device, or without the kernels flash-linear-attention's fused recurrent kernel (one launch),
+  else in closed form (`gated_delta_final_state`, the same solve as the eager engine's recompute rollback, ~25
+  kernels); for those two the rows past n get beta 0 and decay 1, which makes them identity steps, so the
+  shape never depends on n.
 No replay forward, no host sync: the whole step can be a CUDA graph.
 
 The delta rule itself runs through flash-linear-attention's Triton kernels when that package is installed
