@@ -86,6 +86,21 @@ def test_wide_heads_split_their_rows_across_launches(interpret, monkeypatch):
     torch.testing.assert_close(got, _reference(q, k, v, bias, 0.125), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("wide", [False, True], ids=["one launch", "row slices"])
+def test_split_attention_writes_token_major_rows(interpret, monkeypatch, wide):
+    """With `tokens`, the merge writes grouped row (i, t) of KV head h as query head h g + i of token t: the
+    grouped output reordered, also where wide heads run in row slices."""
+    if wide:
+        monkeypatch.setattr(kernels, "MAX_ACCUMULATOR", 16 * 64)
+    kvh, g, t, hd = 2, 4, 5, 64
+    q, k, v, bias = _case(kvh, g * t, hd, 96, 90, torch.float32)
+    grouped = kernels.split_kv_attention(q, k, v, bias, 0.125)  # [kvh, (i, t), hd]
+    got = kernels.split_kv_attention(q, k, v, bias, 0.125, tokens=t)
+    want = grouped.view(kvh, g, t, hd).permute(2, 0, 1, 3).reshape(t, kvh * g, hd)
+    assert got.shape == (t, kvh * g, hd) and torch.equal(got, want)
+    assert not torch.equal(got.reshape(-1), grouped.reshape(-1))  # the order did change
+
+
 def test_grouped_split_is_grouped_sdpa(interpret):
     """The static path's wrapper keeps `_grouped_sdpa`'s GQA row order, for one row and for a block."""
     for t in (1, 6):

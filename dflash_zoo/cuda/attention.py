@@ -72,7 +72,7 @@ def _grouped_split(q, k, v, gmask, scale: float, sinks: torch.Tensor | None = No
     qg = q.reshape(kvh, (h // kvh) * t, d)  # same row order as `_grouped_sdpa`
     if sinks is not None:  # head h = kv_head * g + i: one sink per grouped row, rows ordered (i, t)
         sinks = sinks.float().view(kvh, h // kvh, 1).expand(-1, -1, t).reshape(kvh, -1)
-    return _ungroup(kernels.split_kv_attention(qg, k[0], v[0], gmask[0, 0], scale, sinks)[None], h, t)
+    return kernels.split_kv_attention(qg, k[0], v[0], gmask[0, 0], scale, sinks, tokens=t).reshape(1, t, -1)
 
 
 # one-row (autoregressive) attention of the static target. At T = 1 the masked SDPA kernel runs one block per

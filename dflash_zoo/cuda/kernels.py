@@ -112,8 +112,8 @@ def _kernels():
         tl.store(PO + at[:, None] * D + d[None, :], acc)
 
     @triton.jit
-    def merge(PO, PM, PL, Sinks, Out, rows, hd, n_chunks, R: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
-              SINK: tl.constexpr):  # fmt: skip
+    def merge(PO, PM, PL, Sinks, Out, rows, hd, n_chunks, tokens, R: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
+              SINK: tl.constexpr, UNGROUP: tl.constexpr):  # fmt: skip
         h, row = tl.program_id(0), tl.program_id(1)
         c, d = tl.arange(0, C), tl.arange(0, D)
         cok = c < n_chunks
@@ -129,7 +129,12 @@ def _kernels():
             total += tl.exp(sink - top)
         part = tl.load(PO + at[:, None] * D + d[None, :], mask=cok[:, None], other=0.0)  # [C, D]
         out = tl.sum(w[:, None] * part, 0) / total
-        tl.store(Out + (h * rows + row) * hd + d, out.to(Out.dtype.element_ty), mask=d < hd)
+        if UNGROUP:  # grouped row (i, t) of KV head h is query head h * g + i of token t: [tokens, heads, hd]
+            g = rows // tokens
+            at_out = ((row % tokens) * tl.num_programs(0) * g + h * g + row // tokens) * hd + d
+        else:
+            at_out = (h * rows + row) * hd + d
+        tl.store(Out + at_out, out.to(Out.dtype.element_ty), mask=d < hd)
 
     return partial, merge
 
@@ -142,17 +147,23 @@ def split_kv_attention(
     bias: torch.Tensor,
     scale: float,
     sinks: torch.Tensor | None = None,
+    tokens: int = 0,
 ) -> torch.Tensor:
     """q [kvh, rows, d] (a head's GQA query rows); k, v [kvh, S, d]; bias [rows, S] additive -> [kvh, rows, d].
-    sinks [kvh, rows]: a logit per query row joined to its softmax and then dropped (gpt-oss)."""
+    sinks [kvh, rows]: a logit per query row joined to its softmax and then dropped (gpt-oss). With `tokens` T
+    (rows = g T, ordered (i, t)): the output token-major instead, [T, kvh g, d], as the next projection reads it
+    (no copy to reorder it)."""
     kvh, rows, hd = q.shape
     step = max(1, MAX_ACCUMULATOR // _pow2(hd))  # rows per launch: the [rows, d] fp32 tile must fit on chip
     if _pow2(rows) * _pow2(hd) > MAX_ACCUMULATOR and rows > step:  # e.g. Gemma 4's 512-wide global heads
         parts = [slice(r, min(rows, r + step)) for r in range(0, rows, step)]
-        return torch.cat(
+        out = torch.cat(
             [split_kv_attention(q[:, p], k, v, bias[p], scale, None if sinks is None else sinks[:, p]) for p in parts],
             dim=1,
         )
+        if tokens:  # [kvh, (i, t), hd] -> [t, (kvh, i), hd]
+            out = out.view(kvh, -1, tokens, hd).permute(2, 0, 1, 3).reshape(tokens, -1, hd).contiguous()
+        return out
     keys = k.shape[1]
     q, k, v, bias = q.contiguous(), k.contiguous(), v.contiguous(), bias.contiguous()
     big_r, big_d = _pow2(rows), _pow2(hd)
@@ -160,7 +171,7 @@ def split_kv_attention(
     f32 = dict(device=q.device, dtype=torch.float32)
     pm, pl = torch.empty(kvh, n_chunks, big_r, **f32), torch.empty(kvh, n_chunks, big_r, **f32)
     po = torch.empty(kvh, n_chunks, big_r, big_d, **f32)
-    out = torch.empty_like(q)
+    out = q.new_empty(tokens, kvh * rows // tokens, hd) if tokens else torch.empty_like(q)
     partial, merge = _kernels()[:2]
     ieee = q.dtype == torch.float32
     warps = 4 if big_r * big_d <= 8192 else 8  # e.g. 8:1 GQA x 16-row blocks: a [128, 128] fp32 accumulator
@@ -168,11 +179,13 @@ def split_kv_attention(
     partial[(kvh, n_chunks)](q, k, v, bias, po, pm, pl, scale, rows, keys, hd, chunk, n_chunks, **meta)
     s = sinks.contiguous() if sinks is not None else pm  # unread without SINK
     merge[(kvh, rows)](
-        po, pm, pl, s, out, rows, hd, n_chunks, R=big_r, D=big_d, C=_pow2(n_chunks, 1), SINK=sinks is not None
-    )
+        po, pm, pl, s, out, rows, hd, n_chunks, max(tokens, 1), R=big_r, D=big_d, C=_pow2(n_chunks, 1),
+        SINK=sinks is not None, UNGROUP=tokens > 0,
+    )  # fmt: skip
     return out
 
 
 @split_kv_attention.register_fake
-def _(q, k, v, bias, scale, sinks=None):
-    return torch.empty_like(q)
+def _(q, k, v, bias, scale, sinks=None, tokens=0):
+    kvh, rows, hd = q.shape
+    return q.new_empty(tokens, kvh * rows // tokens, hd) if tokens else torch.empty_like(q)
