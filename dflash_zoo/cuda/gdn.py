@@ -182,6 +182,7 @@ class StaticGDN:
         self.window.copy_(conv_in.index_select(-1, n + torch.arange(self.k_size - 1, device=n.device)))
         # rows past n: beta 0 and log decay 0 leave the state as it is (identity steps), at a fixed shape
         keep = (torch.arange(t, device=n.device) < n).float()[None, :, None]  # [1, T, 1]
+        k = self._heads(k)
         if self.recurrent_commit:
             _, final = self.recurrent_rule(
                 k, k, v, g=g * keep, beta=beta * keep.to(beta.dtype), initial_state=self.state, output_final_state=True,
@@ -189,7 +190,7 @@ class StaticGDN:
             )  # the output (k stands in for q) is not used
             self.state.copy_(final)
             return
-        k = self._heads(k).float()
+        k = k.float()
         k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)  # the kernels' l2 norm of the keys
         k = k.transpose(1, 2)  # [1, Hv, T, Dk]
         v = v.float().transpose(1, 2)  # [1, Hv, T, Dv]
