@@ -176,7 +176,7 @@ class StaticGDN:
         self._pending = None
         if self.kernel:  # two kernels: the window, then the rule over the first n rows (the state in place)
             window_commit(conv_in, self.window, n)
-            delta_rule(None, k, v, g, beta, self.state, n, True)
+            delta_rule(None, k, v, g, beta, self.state, n)
             return
         t = k.shape[1]
         self.window.copy_(conv_in.index_select(-1, n + torch.arange(self.k_size - 1, device=n.device)))
@@ -278,6 +278,8 @@ def delta_rule(
     """The gated delta rule over rows [0, n) (all T rows when n is None) of q, k [1, T, Hk, Dk] (contiguous),
     v [1, T, Hv, Dv], g (fp32) and beta [1, T, Hv], from `state` [1, Hv, Dk, Dv] (fp32), and with `store` back
     into it. Returns o [1, T, Hv, Dv], or an empty tensor when q is None (a commit: only the state is wanted)."""
+    q = q.contiguous() if q is not None else None
+    k, v, g, beta = (y.contiguous() for y in (k, v, g, beta))  # the kernel reads whole rows at row strides
     _, t, hk, dk = k.shape
     hv, dv = v.shape[-2:]
     out = v.new_empty(v.shape) if q is not None else v.new_empty(0)

@@ -162,7 +162,7 @@ def split_kv_attention(
             dim=1,
         )
         if tokens:  # [kvh, (i, t), hd] -> [t, (kvh, i), hd]
-            out = out.view(kvh, -1, tokens, hd).permute(2, 0, 1, 3).reshape(tokens, -1, hd).contiguous()
+            out = out.view(-1, tokens, hd).transpose(0, 1).contiguous()
         return out
     keys = k.shape[1]
     q, k, v, bias = q.contiguous(), k.contiguous(), v.contiguous(), bias.contiguous()

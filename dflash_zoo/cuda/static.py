@@ -515,8 +515,9 @@ class StaticTarget:
         gate, up, *logit = gate_up(x)  # [N, F] each; [N, 1] where the gate is fused
         logit = logit[0] if logit else p.shared_gate(x)
         down, act = p.shared_mlp[2:]
-        # gemv_parts' shape is tuned at run time: not traceable
-        if fold and x.shape[0] == 1 and self._shared_folds(i) and not torch.compiler.is_compiling():
+        # `fold` (the layer's `fold_down`) implies `_shared_folds(i)`; gemv_parts' shape is tuned at run time: not
+        # traceable
+        if fold and x.shape[0] == 1 and not torch.compiler.is_compiling():
             return Parts(gemv_ops.gemv_parts(up, down.weight, gate, logit), None)
         return torch.sigmoid(logit) * _swiglu_down(self, gate, up, down, act)
 
