@@ -137,6 +137,20 @@ class SandwichNorms:
 
 
 @dataclass(frozen=True)
+class ScaledRouter:
+    """Gemma 4's router as its parts, for the norm and routing kernels instead of the module: logits =
+    proj(norm(x) * scale * scale_root) with a weightless RMSNorm (each product rounded to the dtype); a softmax
+    over every expert in fp32, the top k renormalised, times the chosen experts' `expert_scale`, kept in fp32."""
+
+    norm: str = "norm"  # router attributes
+    proj: str = "proj"
+    scale: str = "scale"
+    scale_root: str = "scalar_root_size"
+    expert_scale: str = "per_expert_scale"
+    top_k: str = "top_k_experts"  # text-config attribute
+
+
+@dataclass(frozen=True)
 class ParallelMoE:
     """Gemma 4 26B-A4B: routed experts beside the dense MLP, children of the decoder layer, on the MLP's input
     residual: mlp_out = norm1(mlp(x)) + norm2(experts(norm_in(x), router(x)))."""
@@ -147,6 +161,7 @@ class ParallelMoE:
     dense_out_norm: str = "post_feedforward_layernorm_1"
     experts_in_norm: str = "pre_feedforward_layernorm_2"
     experts_out_norm: str = "post_feedforward_layernorm_2"
+    routing: ScaledRouter | None = None  # the router's parts for the kernels; None: the router module runs
 
 
 @dataclass(frozen=True)

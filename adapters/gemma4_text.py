@@ -17,7 +17,8 @@ Quirks:
   (weight multiplied in fp32: the modules run), q/k norms and a weightless v norm, softmax scale 1, global
   layers with their own head size and KV heads whose values are the key projection (K = V), rotary tables per
   layer type, KV-shared tail layers reading the K/V buffers of the last layer of their type that stores them,
-  per-layer inputs (`per_layer_inputs`), the 26B-A4B experts beside the dense MLP, and the layer scalar.
+  per-layer inputs (`per_layer_inputs`), the 26B-A4B experts beside the dense MLP (their router run as its
+  declared parts: a weightless norm times scales, softmax, top k, per-expert scales), and the layer scalar.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dflash_zoo.adapters.base import (
     PerLayerInput,
     Problem,
     SandwichNorms,
+    ScaledRouter,
     StaticAttention,
     StaticLayout,
     TargetAdapter,
@@ -58,7 +60,7 @@ class Gemma4TextAdapter(TargetAdapter):
         mlp=GatedMLP(activation="hidden_activation"),
         post_attention_norm="pre_feedforward_layernorm",  # the MLP's input norm
         sandwich=SandwichNorms(),
-        parallel_moe=ParallelMoE(),
+        parallel_moe=ParallelMoE(routing=ScaledRouter()),
         per_layer_input=PerLayerInput(),
         layer_scalar="layer_scalar",
         norms="fp32_weight",

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from dflash_zoo.cuda import fused_ops, gemv, kernels
 from dflash_zoo.cuda.attention import _group_mask, _grouped_sdpa, _grouped_split
 from dflash_zoo.cuda.fast import FastEngine
+from dflash_zoo.cuda.static import Parts
 from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.engine.rope import apply_rotary
 from tests.static_matrix import STATIC_MODEL_TYPES
@@ -288,15 +289,65 @@ def test_rope_store_gated_heads_in_the_fp32_norm_formula(interpret, dtype):
     assert not torch.allclose(plain.float(), got.float(), atol=1e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("k_eq_v", [False, True], ids=["v_proj", "k_eq_v"])
+def test_rope_store_gemma_value_norm_and_values_from_the_keys(interpret, dtype, k_eq_v):
+    """Gemma 4's attention: q/k norms of the fp32-weight formula, a weightless value norm (its module), and on
+    global layers no v projection (the values are the keys before their norm): q and both caches as Gemma's
+    modules and the rotation give them."""
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4RMSNorm
+
+    heads, kvh, hd, rot, t = 4, 2, 32, 32, 3
+    gen = torch.Generator().manual_seed(10)
+    qkv = torch.randn(t, (heads + (1 if k_eq_v else 2) * kvh) * hd, generator=gen).to(dtype)
+    qn, kn, vn = Gemma4RMSNorm(hd, 1e-6), Gemma4RMSNorm(hd, 1e-6), Gemma4RMSNorm(hd, 1e-6, with_scale=False)
+    with torch.no_grad():
+        for n in (qn, kn):
+            n.weight.copy_(torch.rand(hd, generator=gen) + 0.5)
+    qn, kn = qn.to(dtype), kn.to(dtype)
+    angle = torch.rand(t, rot // 2, generator=gen) * 6
+    cos, sin = (torch.cat([f(angle)] * 2, -1).to(dtype) for f in (torch.cos, torch.sin))
+    positions = torch.tensor([5, 0, 9])
+    caches = [torch.zeros(kvh, 12, hd, dtype=dtype) for _ in range(2)]
+    got = fused_ops.rope_store(qkv, qn.weight, kn.weight, cos, sin, positions, *caches, heads, 1e-6, False, True,
+                               0.0, True, k_eq_v)  # fmt: skip
+    q, k = qkv[:, : heads * hd], qkv[:, heads * hd : (heads + kvh) * hd]
+    v = k if k_eq_v else qkv[:, (heads + kvh) * hd :]
+    with torch.no_grad():
+        want_q = apply_rotary(qn(q.view(1, t, heads, hd)).transpose(1, 2), cos, sin)[0]
+        want_k = apply_rotary(kn(k.view(1, t, kvh, hd)).transpose(1, 2), cos, sin)[0]
+        want_v = vn(v.view(t, kvh, hd)).transpose(0, 1)
+    tol = dict(atol=2e-6, rtol=2e-6) if dtype == torch.float32 else dict(atol=0, rtol=0)
+    torch.testing.assert_close(got, want_q, **tol)
+    torch.testing.assert_close(caches[0][:, positions], want_k, **tol)
+    torch.testing.assert_close(caches[1][:, positions], want_v, **tol)
+    assert not torch.allclose(caches[1][:, positions].float(), v.view(t, kvh, hd).transpose(0, 1).float())
+    if k_eq_v:  # the width of q and k only: read as q, k, v it is too narrow
+        with pytest.raises(ValueError, match="qkv width"):
+            fused_ops.rope_store(qkv, qn.weight, kn.weight, cos, sin, positions, *caches, heads, 1e-6)
+
+
 @pytest.mark.parametrize("model_type", ["qwen3_5_text", "qwen3_next"])
 def test_gated_attention_layers_take_the_rope_kernel(interpret, model_type):
-    """With the kernels on, every gated full-attention layer of a hybrid target runs `rope_store` (its tokens
-    against the eager loop: `test_fast_path_with_split_kernels_equals_eager`)."""
+    """With the kernels on, every gated full-attention layer of a hybrid target runs `rope_store`, and a GDN
+    layer's one-row output projection leaves its partial sums to the next norm (`Parts`), as attention's o
+    projection does (their tokens against the eager loop: `test_fast_path_with_split_kernels_equals_eager`)."""
     adapter, drafter = _pair(model_type)
     eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, gemv=True, fused_ops=True)
     t = eng.target
     attention = [i for i, q in enumerate(t.qkv) if q is not None]
     assert attention and all(t.rope_kernel[i] and t.opts[i].gated for i in attention)
+    gdn = [i for i, g in enumerate(t.gdn) if g is not None]
+    assert gdn and all(t.fold_o[i] for i in gdn)
+    h = torch.randn(1, 1, adapter.text_config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        before = [s.clone() for s in t.gdn[gdn[0]].states()]
+        parts = t.gdn[gdn[0]](h, "step", fold=True)
+        for s, b in zip(t.gdn[gdn[0]].states(), before, strict=True):
+            s.copy_(b)
+        plain = t.gdn[gdn[0]](h, "step")
+    assert isinstance(parts, Parts)
+    torch.testing.assert_close(parts.total(plain), plain, rtol=1e-5, atol=1e-6)
 
 
 def test_rope_store_rejects_a_width_that_is_not_its_heads_and_strided_caches(interpret):
@@ -359,6 +410,23 @@ def test_gated_norm_kernel_equals_the_gated_delta_net_norm(interpret, dtype):
         tol = 1e-6 if dtype == torch.float32 else 2e-3
         torch.testing.assert_close(got, want, atol=tol, rtol=tol)
         assert not torch.allclose(fused_ops.rms_norm(x, m.weight, m.variance_epsilon), want, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rms_norm_with_a_constant_after_equals_gemma_routers_input(interpret, dtype):
+    """Gemma 4's router input, norm(x) * scale * H^-1/2 (a weightless norm, each product rounded), in one kernel:
+    the Llama formula with the scale as its weight, then the constant (`post`); without it, it differs."""
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4RMSNorm
+
+    gen = torch.Generator().manual_seed(6)
+    n = 96
+    x = (torch.randn(4, n, generator=gen) * 3).to(dtype)
+    scale = (torch.rand(n, generator=gen) + 0.5).to(dtype)
+    want = Gemma4RMSNorm(n, 1e-6, with_scale=False)(x) * scale * n**-0.5
+    got = fused_ops.rms_norm(x, scale, 1e-6, post=n**-0.5)
+    tol = 1e-6 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    assert not torch.allclose(fused_ops.rms_norm(x, scale, 1e-6), want, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -88,6 +88,13 @@ def test_routing_kernel_equals_the_router(interpret, model_type, rows):  # noqa:
         assert not torch.allclose(moe.route(logits, p.routing.top_k, "softmax_topk", flip)[0], want_w)
     with pytest.raises(ValueError, match="routing rule"):
         moe.route(logits, 2, "sigmoid", True)
+    scale = torch.rand(logits.shape[1], generator=torch.Generator().manual_seed(3)).to(logits.dtype) + 0.5
+    scaled, si = moe.route(logits, p.routing.top_k, "softmax_topk", True, scale)  # Gemma 4: per-expert scales
+    renormed = moe.route(logits.float(), p.routing.top_k, "softmax_topk", True)[0]
+    assert torch.equal(si, i) and scaled.dtype == torch.float32
+    torch.testing.assert_close(scaled, renormed * scale[si].float())
+    with pytest.raises(ValueError, match="expert scales"):
+        moe.route(logits, 2, "softmax_topk", True, scale[:-1])
 
 
 def test_routing_picks_the_top_k_in_order_and_breaks_ties_low(interpret):  # noqa: F811
@@ -212,16 +219,23 @@ def test_expert_gemv_bf16_on_cuda_is_close_and_captures(model_type, rows):
 @pytest.mark.slow  # ~15 s
 def test_gemma4_experts_beside_the_dense_mlp_through_the_gemv(interpret):  # noqa: F811
     """Gemma 4 26B-A4B's parallel branch (router and experts children of the decoder layer) takes the expert
-    GEMV too: tokens and drafts as the eager loop, and the experts equal their module."""
+    GEMV too, and its router runs as its declared parts (norm kernel, projection, routing kernel with the
+    per-expert scales): tokens and drafts as the eager loop, the router and the experts equal their modules."""
     from tests.test_static_families import GEMMA_VARIANTS
 
     adapter, drafter = static_pair("gemma4", **GEMMA_VARIANTS["moe_branch"])
     eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, moe_rows=16)
-    router, experts = eng.target.layers[0].moe_branch[:2]  # its own router: no declared rule
+    layer = eng.target.layers[0]
+    router, experts = layer.moe_branch[:2]
     x = torch.randn(3, adapter.text_config.hidden_size, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
+        for p in (router.scale, router.per_expert_scale):  # away from their initial ones
+            p.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(2))
         _, weights, index = router(x)
+        got_w, got_i = eng.target._branch_route(layer.branch_routing, router, x)  # the declared router's parts
         torch.testing.assert_close(moe.routed(experts, x, index, weights), experts(x, index, weights))
+    assert torch.equal(got_i, index) and got_w.dtype == weights.dtype == torch.float32
+    torch.testing.assert_close(got_w, weights, rtol=1e-6, atol=1e-7)
     cfg = GenerationConfig(max_new_tokens=12)
     prompt = _prompts(1)[0]
     eager, fast = _eager(adapter, drafter, prompt, cfg), eng.speculative(prompt, cfg)
@@ -234,16 +248,18 @@ SHARED_TYPES = [t for t in MOE_TYPES if _first_block(t)[1].shared_mlp is not Non
 
 @pytest.mark.parametrize("model_type", SHARED_TYPES)
 def test_one_row_shared_expert_folds_beside_the_routed_slices(interpret, model_type):  # noqa: F811
-    """A gated shared expert in a one-row step: its gate a third output of its fused gate/up GEMV, its down
-    GEMV's sums scaled by the gate's sigmoid and handed to the next norm with the routed slices (`Parts.more`);
-    their total is the block's output, and tokens stay the eager loop's (fp32)."""
+    """A gated shared expert in a one-row step: its gate's logit and the router's logits further outputs of its
+    fused gate/up GEMV, its down GEMV's sums scaled by the gate's sigmoid and handed to the next norm with the
+    routed slices (`Parts.more`); their total is the block's output, and tokens stay the eager loop's (fp32)."""
     from dflash_zoo.cuda.static import Parts
 
     adapter, drafter = static_pair(model_type)
     eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, gemv=True, fused_ops=True)
     t = eng.target
     folded = [i for i, m in enumerate(t.layers) if m.moe_parts is not None and t.fold_down[i]]
-    assert folded and all(len(t.shared_gate_up[i].sizes) == 3 for i in folded)
+    assert folded and all(t.shared_extra[i] == (True, True) for i in folded)
+    experts = t.layers[folded[0]].moe_parts.router.weight.shape[0]
+    assert t.shared_gate_up[folded[0]].sizes[2:] == [1, experts]
     x = torch.randn(1, 1, adapter.text_config.hidden_size, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         got = t._sparse(folded[0], x)

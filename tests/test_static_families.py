@@ -141,13 +141,22 @@ GEMMA_VARIANTS = {  # the 31B / 26B-A4B layouts on the tiny Gemma 4 VLM (no KV s
 }
 
 
+KERNELS = dict(decode_attention="split", block_attention="split", gemv=True, fused_ops=True, moe_rows=16)
+
+
+@pytest.mark.parametrize("kernels", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["torch", "kernels"])
 @pytest.mark.parametrize("variant", sorted(GEMMA_VARIANTS))
-def test_gemma4_31b_and_26b_layouts(variant):
+def test_gemma4_31b_and_26b_layouts(variant, kernels):
     """K = V global layers with their own KV heads, and the experts beside the dense MLP: the static forward's
-    logits through verify / commit / verify equal transformers', and the layout resolved what it should."""
+    logits through verify / commit / verify equal transformers', and the layout resolved what it should; with
+    the Triton kernels (under the interpreter on CPU, ~70 s each) every attention layer takes the rotary + K/V
+    kernel."""
+    if kernels:
+        pytest.importorskip("triton")
     adapter, drafter = static_pair("gemma4", **GEMMA_VARIANTS[variant])
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, **(KERNELS if kernels else {}))
     layers = eng.target.layers
+    assert all(eng.target.rope_kernel) == kernels
     if variant == "k_eq_v":
         full = [i for i, m in enumerate(layers) if m.kind == "full_attention"]
         assert full and all(layers[i].v is None and eng.target.k[i].shape[1] == 1 for i in full)

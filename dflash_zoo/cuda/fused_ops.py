@@ -36,14 +36,20 @@ def _kernels():
 
     @triton.jit
     def rope_store(QKV, QW, KW, Cos, Sin, Pos, Q, K, V, rows, width, keys, heads, kvh, hd, rot, eps, qspan,
-                   offset, D: tl.constexpr, NORM: tl.constexpr, FP32_WEIGHT: tl.constexpr):  # fmt: skip
+                   offset, D: tl.constexpr, NORM: tl.constexpr, FP32_WEIGHT: tl.constexpr, V_NORM: tl.constexpr,
+                   K_EQ_V: tl.constexpr):  # fmt: skip
         t, j = tl.program_id(0), tl.program_id(1)  # row; head slot: q heads, then k heads, then v heads
         d = tl.arange(0, D)
         dok = d < hd
         col = tl.where(j < heads, j * qspan, heads * qspan + (j - heads) * hd)  # q heads may span [query | gate]
+        if K_EQ_V:  # no v projection: a V head reads its K head's columns
+            col = tl.where(j >= heads + kvh, col - kvh * hd, col)
         x = tl.load(QKV + t * width + col + d, mask=dok, other=0.0)
         pos = tl.load(Pos + t)
-        if j >= heads + kvh:  # a V head: stored as it is
+        if j >= heads + kvh:  # a V head: stored as it is, or RMSNorm'd without a weight (fp32, rounded once)
+            if V_NORM:
+                xf = x.to(tl.float32)
+                x = (xf / tl.sqrt(tl.sum(xf * xf, 0) / hd + eps)).to(x.dtype)
             tl.store(V + ((j - heads - kvh) * keys + pos) * hd + d, x, mask=dok)
         else:
             half = rot // 2
@@ -76,9 +82,9 @@ def _kernels():
                 tl.store(K + ((j - heads) * keys + pos) * hd + d, y, mask=dok)
 
     @triton.jit
-    def rms_norm(X, Dl, Dm, B, W, G, S, Y, n, splits, more, eps, offset, D: tl.constexpr, FP32_WEIGHT: tl.constexpr,
-                 GATED: tl.constexpr, ADD: tl.constexpr, PARTS: tl.constexpr, MORE: tl.constexpr,
-                 BIAS: tl.constexpr):  # fmt: skip
+    def rms_norm(X, Dl, Dm, B, W, G, S, Y, n, splits, more, eps, offset, post, D: tl.constexpr,
+                 FP32_WEIGHT: tl.constexpr, GATED: tl.constexpr, ADD: tl.constexpr, PARTS: tl.constexpr,
+                 MORE: tl.constexpr, BIAS: tl.constexpr, POST: tl.constexpr):  # fmt: skip
         row, d = tl.program_id(0), tl.arange(0, D)
         ok = d < n
         x = tl.load(X + row * n + d, mask=ok, other=0.0)
@@ -110,6 +116,8 @@ def _kernels():
         if GATED:  # times silu(gate) in fp32, rounded once (Qwen3.5's gated norm)
             g = tl.load(G + row * n + d, mask=ok, other=0.0).to(tl.float32)
             y = (y.to(tl.float32) * (g / (1.0 + tl.exp(-g)))).to(x.dtype)
+        if POST:  # then times a constant, rounded (Gemma 4's router input)
+            y = (y.to(tl.float32) * post).to(x.dtype)
         tl.store(Y + row * n + d, y, mask=ok)
 
     @triton.jit
@@ -140,16 +148,20 @@ def rope_store(
     gated: bool = False,
     fp32_weight: bool = False,
     offset: float = 0.0,
+    v_norm: bool = False,
+    k_eq_v: bool = False,
 ) -> torch.Tensor:
     """qkv [T, (heads + 2 kvh) * hd]: q, k, v projections side by side (heads 0: k and v only); `gated`: each
-    q head is [query | gate] (2 hd wide; the gates are left in qkv). cos, sin [T, rot]; positions [T]; k_cache,
-    v_cache [kvh, S, hd]. With norm weights [hd] (both or neither), q and k are RMSNorm'd first, in Llama's
-    formula or with `fp32_weight` `rms_norm`'s fp32 one. Writes k (rotated) and v at `positions`; returns q
-    rotated, [heads, T, hd]."""
+    q head is [query | gate] (2 hd wide; the gates are left in qkv); `k_eq_v`: no v projection ([T, (heads +
+    kvh) * hd]), the values are the keys before their norm. cos, sin [T, rot]; positions [T]; k_cache, v_cache
+    [kvh, S, hd]. With norm weights [hd] (both or neither), q and k are RMSNorm'd first, in Llama's formula or
+    with `fp32_weight` `rms_norm`'s fp32 one; `v_norm`: v too, without a weight (in fp32, rounded once).
+    Writes k (rotated) and v at `positions`; returns q rotated, [heads, T, hd]."""
     kvh, keys, hd = k_cache.shape
     t, qspan = qkv.shape[0], 2 * hd if gated else hd
-    if qkv.shape[1] != heads * qspan + 2 * kvh * hd:
-        raise ValueError(f"qkv width {qkv.shape[1]} is not {heads} x {qspan} + 2 x {kvh} x {hd}")
+    kv_width = (1 if k_eq_v else 2) * kvh * hd
+    if qkv.shape[1] != heads * qspan + kv_width:
+        raise ValueError(f"qkv width {qkv.shape[1]} is not {heads} x {qspan} + {1 if k_eq_v else 2} x {kvh} x {hd}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("rope_store writes into contiguous [kvh, S, hd] caches only")
     qkv, cos, sin, positions = qkv.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous()
@@ -158,19 +170,20 @@ def rope_store(
     qw, kw = (q_weight, k_weight) if norm else (qkv, qkv)  # unread without NORM
     _kernels()[0][(t, heads + 2 * kvh)](
         qkv, qw, kw, cos, sin, positions, q, k_cache, v_cache, t, qkv.shape[1], keys, heads, kvh, hd,
-        cos.shape[-1], eps, qspan, offset, D=_pow2(hd), NORM=norm, FP32_WEIGHT=fp32_weight,
+        cos.shape[-1], eps, qspan, offset, D=_pow2(hd), NORM=norm, FP32_WEIGHT=fp32_weight, V_NORM=v_norm,
+        K_EQ_V=k_eq_v,
     )  # fmt: skip
     return q
 
 
 @rope_store.register_fake
 def _(qkv, q_weight, k_weight, cos, sin, positions, k_cache, v_cache, heads, eps, gated=False, fp32_weight=False,
-      offset=0.0):  # fmt: skip
+      offset=0.0, v_norm=False, k_eq_v=False):  # fmt: skip
     return qkv.new_empty(heads, qkv.shape[0], k_cache.shape[-1])
 
 
 def _norm_launch(x, delta, bias, weight, gate, total, y, eps, fp32_weight, offset, gated: bool, parts: bool,
-                 more: torch.Tensor | None = None):  # fmt: skip
+                 more: torch.Tensor | None = None, post: float = 1.0):  # fmt: skip
     """One `rms_norm` program per row; with `delta` the residual add first (into `total`)."""
     n = x.shape[-1]
     d = _pow2(n)
@@ -178,8 +191,8 @@ def _norm_launch(x, delta, bias, weight, gate, total, y, eps, fp32_weight, offse
     _kernels()[1][(x.numel() // n,)](
         x, delta if add else x, more if more is not None else x, bias if bias is not None else weight, weight, gate,
         total if add else y, y, n, delta.shape[0] if parts else 1, more.shape[0] if more is not None else 0, eps,
-        offset, D=d, FP32_WEIGHT=fp32_weight, GATED=gated, ADD=add, PARTS=parts, MORE=more is not None,
-        BIAS=bias is not None, num_warps=4 if d <= 2048 else 8,
+        offset, post, D=d, FP32_WEIGHT=fp32_weight, GATED=gated, ADD=add, PARTS=parts, MORE=more is not None,
+        BIAS=bias is not None, POST=post != 1.0, num_warps=4 if d <= 2048 else 8,
     )  # fmt: skip
 
 
@@ -191,20 +204,22 @@ def rms_norm(
     fp32_weight: bool = False,
     offset: float = 0.0,
     gate: torch.Tensor | None = None,
+    post: float = 1.0,
 ) -> torch.Tensor:
     """x [..., n] -> RMSNorm [..., n]; weight [n]. Llama's formula, weight * normed(x).to(dtype) (`static._Norms`),
     or with `fp32_weight` (normed(x) * (offset + weight)).to(dtype), all in fp32: gpt-oss and Gemma 4 (offset 0),
     Qwen3.5 / Qwen3-Next (offset 1, their zero-centred weights). With `gate` [..., n] the result is then
-    multiplied by silu(gate) in fp32 and rounded (the gated norm of Gated-DeltaNet layers)."""
+    multiplied by silu(gate) in fp32 and rounded (the gated norm of Gated-DeltaNet layers); with `post`, by
+    that constant and rounded again (Gemma 4's router input: a weightless norm, times a scale, times H^-1/2)."""
     x, weight = x.contiguous(), weight.contiguous()
     g = gate.contiguous() if gate is not None else x
     y = torch.empty_like(x)
-    _norm_launch(x, None, None, weight, g, None, y, eps, fp32_weight, offset, gate is not None, False)
+    _norm_launch(x, None, None, weight, g, None, y, eps, fp32_weight, offset, gate is not None, False, post=post)
     return y
 
 
 @rms_norm.register_fake
-def _(x, weight, eps, fp32_weight=False, offset=0.0, gate=None):
+def _(x, weight, eps, fp32_weight=False, offset=0.0, gate=None, post=1.0):
     return torch.empty_like(x)
 
 

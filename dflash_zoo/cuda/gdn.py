@@ -26,6 +26,7 @@ place or kept, value heads reading their key heads, so no repeated heads and no 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -77,9 +78,11 @@ class StaticGDN:
         fuse: bool = True,
         gemv: bool = False,
     ):
-        from dflash_zoo.cuda.static import FusedLinear  # static.py imports this module
+        from dflash_zoo.cuda.static import FusedLinear, _project  # static.py imports this module
 
         self.gdn, (self.conv1d, self.gated_norm, self.out_proj, projections) = gdn, parts
+        # few-row output projections through the GEMV kernels, as attention's (`static._project`)
+        self.project_out = functools.partial(_project, self.out_proj, gate=None, gemv=gemv)
         # the input projections as one GEMM (views of its output); the adapter splits them (`gdn_split`)
         self.in_proj, self.split = FusedLinear(list(projections), fuse, gemv), split
         # the gated norm (Llama-formula norm times silu(z)) in one kernel (`fused_ops.rms_norm` with a gate)
@@ -106,9 +109,10 @@ class StaticGDN:
         """The tensors a step mutates in place (put back after a warm-up or capture run)."""
         return [self.window, self.state]
 
-    def __call__(self, x: torch.Tensor, mode: str) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, mode: str, fold: bool = False):
         """x [1, T, H] -> [1, T, H]. mode: "prefill" (T prompt rows from position 0), "step" (one committed
-        row: the states move on) or "verify" (states kept; `commit` moves them)."""
+        row: the states move on) or "verify" (states kept; `commit` moves them). `fold`: a one-row step's
+        output projection as the GEMV's `Parts` (the next residual add sums them)."""
         g_mod, t = self.gdn, x.shape[1]
         # conv input [1, T, C], z [1, T, Hv, Dv], b and a [1, T, Hv]
         mixed, z, b, a = self.split(g_mod, self.in_proj(x))
@@ -125,7 +129,9 @@ class StaticGDN:
         if mode == "verify":
             self._pending = (conv_in, k, v, g, beta)
         out = self._gated_norm(core.reshape(-1, g_mod.head_v_dim), z.reshape(-1, g_mod.head_v_dim))
-        return self.out_proj(out.reshape(1, t, -1))
+        out = out.reshape(1, t, -1)
+        projected = self.project_out(out, fold=fold)
+        return self.out_proj(out) if projected is None else projected
 
     def _conv_gates(self, mixed, b, a, mode):
         """The torch ops of `conv_gates`: (conv input [1, C, K-1+T], (q, k [1, T, Hk, Dk], v [1, T, Hv, Dv],

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_zoo.adapters.base import SparseMoE
-from dflash_zoo.cuda.moe import ExpertGate, Routing, supported
+from dflash_zoo.adapters.base import ScaledRouter, SparseMoE
+from dflash_zoo.cuda.moe import ExpertGate, Routing, ScaledRouting, supported
 from dflash_zoo.errors import UnsupportedModelError
 
 if TYPE_CHECKING:
@@ -71,6 +71,7 @@ class LayerModules(NamedTuple):
     attn_out_norm: nn.Module | None = None  # sandwich norms (Gemma) on the sublayer outputs
     mlp_out_norm: nn.Module | None = None
     moe_branch: tuple[nn.Module, ...] | None = None  # (router, experts, dense out, experts in, experts out norms)
+    branch_routing: ScaledRouting | None = None  # the branch router's declared parts; None: the module runs
     moe_parts: MoEParts | None = None  # a sparse block's parts for the MoE kernels; None: it runs as its module
     per_layer: tuple[nn.Module, ...] | None = None  # (gate, projection, norm, act) of the per-layer input
     scalar: torch.Tensor | None = None  # multiplies the layer's output
@@ -243,12 +244,26 @@ def _extras(adapter: TargetAdapter, layout: StaticLayout, layer: nn.Module, wher
     if pm is not None and get(pm.enabled):
         names = (pm.router, pm.experts, pm.dense_out_norm, pm.experts_in_norm, pm.experts_out_norm)
         out["moe_branch"] = tuple(get(n) for n in names)
+        if pm.routing is not None:
+            out["branch_routing"] = _scaled_routing(adapter, pm.routing, out["moe_branch"][0], f"{where}.{pm.router}")
     pli = layout.per_layer_input
     if pli is not None and getattr(adapter.text_config, pli.width, None):
         out["per_layer"] = tuple(get(n) for n in (pli.gate, pli.projection, pli.norm, pli.act))
     if layout.layer_scalar is not None:
         out["scalar"] = get(layout.layer_scalar)
     return out
+
+
+def _scaled_routing(adapter: TargetAdapter, r: ScaledRouter, router: nn.Module, where: str) -> ScaledRouting:
+    get = lambda name: _lookup(adapter, router, name, where)  # noqa: E731
+    norm = get(r.norm)
+    if getattr(norm, "weight", None) is not None:
+        raise UnsupportedModelError(f"{where}.{r.norm} has a weight; the declared router's norm has none")
+    return ScaledRouting(
+        eps=float(norm.eps), scale=get(r.scale), root=float(get(r.scale_root)),
+        weight=_linear(adapter, router, r.proj, where).weight, expert_scale=get(r.expert_scale),
+        top_k=int(_lookup(adapter, adapter.text_config, r.top_k, "the text config")),
+    )  # fmt: skip
 
 
 def _link_shared_kv(adapter: TargetAdapter, layout: StaticLayout, layers: list[LayerModules]) -> list[LayerModules]:

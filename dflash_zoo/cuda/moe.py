@@ -60,6 +60,18 @@ class Routing:
 
 
 @dataclass(frozen=True)
+class ScaledRouting:
+    """A declared `ScaledRouter` (Gemma 4) resolved against its module: its parameters, constants and top k."""
+
+    eps: float  # the weightless norm's
+    scale: torch.Tensor  # [H]
+    root: float  # H^-1/2
+    weight: torch.Tensor  # [E, H], the projection's
+    expert_scale: torch.Tensor  # [E]
+    top_k: int
+
+
+@dataclass(frozen=True)
 class ExpertGate:
     """The declared gated activation (`SparseMoE.expert_gate`) with the module's constants."""
 
@@ -88,26 +100,34 @@ def _kernels():
 
 
 @torch.library.custom_op("dflash_zoo::route", mutates_args=())
-def route(logits: torch.Tensor, top_k: int, rule: str, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    logits: torch.Tensor, top_k: int, rule: str, renormalize: bool, expert_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits [N, E] -> (top-k weights [N, k] in the logits' dtype, expert ids [N, k], int64), by
-    `Routing.rule`: "softmax_topk" or "topk_softmax"."""
+    `Routing.rule`: "softmax_topk" or "topk_softmax". With `expert_scale` [E] the weights are then multiplied
+    by their experts' scales and stay fp32 (Gemma 4's router)."""
     if rule not in ("softmax_topk", "topk_softmax"):
         raise ValueError(f"unknown routing rule {rule!r}")
     n, e = logits.shape
     if not 0 < top_k <= e:
         raise ValueError(f"top_k {top_k} of {e} experts")
-    weights = logits.new_empty(n, top_k)
+    if expert_scale is not None and expert_scale.shape != (e,):
+        raise ValueError(f"expert scales {list(expert_scale.shape)} for {e} experts")
+    weights = logits.new_empty(n, top_k, dtype=torch.float32 if expert_scale is not None else logits.dtype)
     index = torch.empty(n, top_k, device=logits.device, dtype=torch.long)
+    scale = expert_scale.contiguous() if expert_scale is not None else logits
     _kernels()[1][(n,)](
-        logits.contiguous(), weights, index, e, top_k, E=_pow2(e), KP=_pow2(top_k),
-        SOFTMAX_FIRST=rule == "softmax_topk", RENORM=renormalize, num_warps=1 if e <= 256 else 4,
+        logits.contiguous(), scale, weights, index, e, top_k, E=_pow2(e), KP=_pow2(top_k),
+        SOFTMAX_FIRST=rule == "softmax_topk", RENORM=renormalize, SCALED=expert_scale is not None,
+        num_warps=1 if e <= 256 else 4,
     )  # fmt: skip
     return weights, index
 
 
 @route.register_fake
-def _(logits, top_k, rule, renormalize):
-    return logits.new_empty(logits.shape[0], top_k), logits.new_empty(logits.shape[0], top_k, dtype=torch.long)
+def _(logits, top_k, rule, renormalize, expert_scale=None):
+    dtype = torch.float32 if expert_scale is not None else logits.dtype
+    return logits.new_empty(logits.shape[0], top_k, dtype=dtype), logits.new_empty(logits.shape[0], top_k, dtype=torch.long)
 
 
 def _launch(x, weight, bias, experts, transposed, act, limit, alpha, routing, top_k, config) -> torch.Tensor:

@@ -105,8 +105,8 @@ def expert_gemm(X, W, Bias, Idx, RW, Out, n_out, k_in, pairs, per_row, x_stride,
 
 
 @triton.jit
-def route(L, Wt, Ix, n_exp, top_k, E: tl.constexpr, KP: tl.constexpr, SOFTMAX_FIRST: tl.constexpr,
-          RENORM: tl.constexpr):  # fmt: skip
+def route(L, Sc, Wt, Ix, n_exp, top_k, E: tl.constexpr, KP: tl.constexpr, SOFTMAX_FIRST: tl.constexpr,
+          RENORM: tl.constexpr, SCALED: tl.constexpr):  # fmt: skip
     t, e = tl.program_id(0), tl.arange(0, E)
     ok = e < n_exp
     score = tl.load(L + t * n_exp + e, mask=ok, other=float("-inf")).to(tl.float32)
@@ -129,5 +129,7 @@ def route(L, Wt, Ix, n_exp, top_k, E: tl.constexpr, KP: tl.constexpr, SOFTMAX_FI
     else:  # a softmax over the top k logits, rounded once
         ex = tl.where(kok, tl.exp(vals - tl.max(tl.where(kok, vals, float("-inf")), 0)), 0.0)
         vals = ex / tl.sum(ex, 0)
+    if SCALED:  # times each chosen expert's scale, in fp32 (Wt is then fp32)
+        vals *= tl.load(Sc + idx, mask=kok, other=0.0).to(tl.float32)
     tl.store(Wt + t * top_k + j, vals.to(Wt.dtype.element_ty), mask=kok)
     tl.store(Ix + t * top_k + j, idx.to(tl.int64), mask=kok)

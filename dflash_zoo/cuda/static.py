@@ -75,9 +75,11 @@ def _back_to_back(parts: list[torch.Tensor]) -> bool:
 
 
 def _fuse_param(linears: list[nn.Linear], name: str) -> torch.Tensor | None:
-    parts = [getattr(m, name) for m in linears]  # name: "weight" or "bias"
-    if parts[0] is None:
+    parts = [getattr(m, name, None) for m in linears]  # name: "weight" or "bias"
+    if all(p is None for p in parts):
         return None
+    if any(p is None for p in parts):
+        raise ValueError(f"cannot fuse projections of which only some have a {name}")
     rows = sum(p.shape[0] for p in parts)
     if _back_to_back(parts):  # fused by an earlier engine: view, do not copy again
         return parts[0].detach().as_strided((rows, *parts[0].shape[1:]), parts[0].stride())
@@ -98,8 +100,8 @@ class FusedLinear:
     inference mode, so the modules stay trainable (gradients reach each view Parameter).
     """
 
-    def __init__(self, linears: list[nn.Linear], fuse: bool = True, gemv: bool = False):
-        self.sizes = [m.out_features for m in linears]
+    def __init__(self, linears: list[nn.Module], fuse: bool = True, gemv: bool = False):
+        self.sizes = [m.weight.shape[0] for m in linears]  # linears, or a router module with a [E, H] weight
         self.linears = None if fuse else linears
         self.gemv = gemv and fuse  # few rows through `gemv_ops.gemv` (its kernels or cuBLAS, as timed faster)
         self.weight = self.bias = None
@@ -210,9 +212,20 @@ def _project(m: nn.Linear, x: torch.Tensor, gate: torch.Tensor | None, gemv: boo
     return gemv_ops.gemv(x, m.weight, m.bias, gate)
 
 
-def _logit(gate: nn.Module | None) -> list[nn.Linear]:
-    """[gate] where a shared expert's gate is a plain one-output linear (fused beside its gate/up), else []."""
-    return [gate] if isinstance(gate, nn.Linear) and gate.out_features == 1 else []
+def _logit(gate: nn.Module | None, like: nn.Linear) -> list[nn.Linear]:
+    """[gate] where a shared expert's gate is a plain one-output linear with a bias where its gate/up projection
+    `like` has one (fused beside them), else []."""
+    ok = isinstance(gate, nn.Linear) and gate.out_features == 1
+    return [gate] if ok and (gate.bias is None) == (like.bias is None) else []
+
+
+def _router(p: MoEParts, moe_rows: int) -> list[nn.Module]:
+    """[router] where a declared routing rule's kernel reads its logits (`StaticTarget._route`) from an [E, H]
+    weight, fused beside the shared expert's bias-free gate/up (the same input), else []."""
+    weight = getattr(p.router, "weight", None)
+    ok = p.routing is not None and moe_rows and isinstance(weight, torch.Tensor) and weight.dim() == 2
+    no_bias = getattr(p.router, "bias", None) is None and p.shared_mlp[0].bias is None
+    return [p.router] if ok and no_bias else []
 
 
 def _swiglu(act, gate: torch.Tensor, up: torch.Tensor, kernel: bool) -> torch.Tensor:
@@ -248,18 +261,31 @@ PLAIN = QKVOptions()
 GATED = QKVOptions(gated=True)  # Qwen3.5 / Qwen3-Next: [query | gate] per q head, and nothing else
 
 
+def _rope_kernel(m, opts: QKVOptions, eps: float) -> bool:
+    """Whether `fused_ops.rope_store` computes attention layer `m`'s q and K/V: its own K/V, per-head q/k norms
+    of the declared formula (or none, as gpt-oss's), plain or gated q heads, a v projection or values that are
+    the keys (Gemma 4's global layers), and a value norm, if any, without a weight (Gemma 4's)."""
+    if m.q is None or opts.shared or not opts.per_head:
+        return False
+    vn = opts.v_norm
+    return vn is None or (getattr(vn, "weight", None) is None and getattr(vn, "eps", None) == eps)
+
+
 def _qkv_store(proj, x, heads: int, norm, qk, rope, positions, buffers, fused: bool, opts: QKVOptions = PLAIN):
     """x [1, T, H] through `proj` (q/k/v, or k/v alone with heads 0) -> q [1, heads, T, hd], normed by the
     `qk` modules (q_norm, k_norm; None: no qk norm) and rotated by `rope` (cos, sin); None with heads 0. k is
     normed and rotated the same way and written with v into `buffers` ([1, kvh, S, hd] each) at `positions`.
-    `fused`: all of it in one kernel (`fused_ops.rope_store`; plain layers only). `opts`: the layer's extras."""
+    `fused`: all of it in one kernel (`fused_ops.rope_store`; layers `_rope_kernel` accepts). `opts`: the
+    layer's extras."""
     (cos, sin), (k_buf, v_buf) = rope, buffers
     if fused:
         w = (qk[0].weight, qk[1].weight) if qk else (None, None)
         qkv = proj.joint(x)[0]  # [T, width]
+        k_eq_v = heads > 0 and len(proj.sizes) == 2  # q and k only: the values are the keys
         q = fused_ops.rope_store(
-            qkv, *w, cos, sin, positions, k_buf[0], v_buf[0], heads, norm.eps, opts.gated, norm.fp32, norm.offset
-        )
+            qkv, *w, cos, sin, positions, k_buf[0], v_buf[0], heads, norm.eps, opts.gated, norm.fp32, norm.offset,
+            opts.v_norm is not None, k_eq_v,
+        )  # fmt: skip
         q = q[None] if heads else None
         if not opts.gated:
             return q
@@ -344,21 +370,22 @@ class StaticTarget:
                     else None for m in self.layers]  # fmt: skip
         self.opts = [QKVOptions(m.output_gate, m.qk_norm_per_head, m.v_norm, m.kv_source is not None)
                      for m in self.layers]  # fmt: skip
-        # q/k norm + rotary + K/V writes in one kernel: plain or gated layers (q/k/v; per-head q/k norms of
-        # the declared formula, or none, as gpt-oss's)
-        self.rope_kernel = [fused_ops and o in (PLAIN, GATED) and m.v is not None
-                            for m, o in zip(self.layers, self.opts, strict=True)]  # fmt: skip
+        # q/k norm + rotary + K/V writes in one kernel where `_rope_kernel` accepts the layer
+        self.rope_kernel = [fused_ops and _rope_kernel(m, o, mods.eps) for m, o in zip(self.layers, self.opts, strict=True)]
         # GDN layers: their own static states; the input projections as one GEMM, split by the adapter
         self.gdn = [StaticGDN(m.gdn, m.gdn_parts, adapter.gdn_split, fused_ops, fuse, gemv) if m.gdn is not None
                     else None for m in self.layers]  # fmt: skip
         # dense MLPs only: a sparse MoE block runs as its module or its declared parts (`_sparse`): None here
         self.gate_up = [FusedLinear([m.gate, m.up], fuse, gemv) if m.gate is not None else None for m in self.layers]
         # a sparse block's shared expert with dense projection names: fused the same way, with its one-logit gate
-        # as a third output where that is a plain linear (`_shared`)
-        self.shared_gate_up = [
-            FusedLinear([*m.moe_parts.shared_mlp[:2], *_logit(m.moe_parts.shared_gate)], fuse, gemv)
-            if m.moe_parts is not None and m.moe_parts.shared_mlp else None for m in self.layers
-        ]  # fmt: skip
+        # (where that is a plain linear, `_shared`) and its router's logits (`_route`) as further outputs
+        self.shared_gate_up: list[FusedLinear | None] = [None] * len(self.layers)
+        self.shared_extra: list[tuple[bool, bool]] = [(False, False)] * len(self.layers)  # (logit, router) fused
+        for i, p in enumerate(m.moe_parts for m in self.layers):
+            if p is not None and p.shared_mlp:
+                logit, router = _logit(p.shared_gate, p.shared_mlp[0]), _router(p, moe_rows)
+                self.shared_gate_up[i] = FusedLinear([*p.shared_mlp[:2], *logit, *router], fuse, gemv)
+                self.shared_extra[i] = (bool(logit), bool(router))
         # few-row o / down projections whose partial sums the next residual add takes (`Parts`): where that add
         # and norm run as one kernel and nothing else reads the sublayer's output first
         self.fold_o, self.fold_down = self._folds(mods.final_norm)
@@ -382,7 +409,8 @@ class StaticTarget:
         if not self.gemv:
             return [False] * len(self.layers), [False] * len(self.layers)
         fuses = [self.norm.fuses(n, self.dtype) for n in (*(m.input_norm for m in self.layers[1:]), final_norm)]
-        o = [q is not None and m.attn_out_norm is None and self.norm.fuses(m.post_norm, self.dtype)
+        # an attention or GDN layer's output projection
+        o = [(q is not None or m.gdn is not None) and m.attn_out_norm is None and self.norm.fuses(m.post_norm, self.dtype)
              for q, m in zip(self.qkv, self.layers, strict=True)]  # fmt: skip
         # a dense SwiGLU MLP's down GEMV, or a sparse block's routed experts and its shared expert, if any, where
         # that folds too (`_sparse`)
@@ -474,12 +502,13 @@ class StaticTarget:
             return Parts(moe.routed_parts(experts, x, index, weights, gate), None)
         return experts(x, index, weights)
 
-    def _route(self, p: MoEParts, x):
+    def _route(self, p: MoEParts, x, logits=None):
         """(top-k weights, expert ids) [N, k] of rows x [N, H]: the declared rule's kernel over the router's
-        logits where the MoE kernels run, else the router module."""
+        logits (`logits` [N, E] where already projected) where the MoE kernels run, else the router module."""
         if p.routing is None or not self.moe_rows:
             return p.router(x, *p.router_args)[1:]
-        logits = _linear(x, p.router.weight, getattr(p.router, "bias", None), self.gemv)  # [N, E]
+        if logits is None:
+            logits = _linear(x, p.router.weight, getattr(p.router, "bias", None), self.gemv)  # [N, E]
         return moe.route(logits, p.routing.top_k, p.routing.rule, p.routing.renormalize)
 
     def _sparse(self, i: int, x):
@@ -490,10 +519,13 @@ class StaticTarget:
             out = m.mlp(x)  # [1, T, H]; some MoE blocks also return their router scores
             return out[0] if isinstance(out, tuple) else out
         flat = x.reshape(-1, x.shape[-1])  # [T, H]
-        weights, index = self._route(p, flat)  # [T, k] each
+        # the shared expert's gate/up (with its gate's logit and the router's logits where fused): one GEMV
+        shared_in = self.shared_gate_up[i](flat) if self.shared_gate_up[i] is not None else None
+        logits = shared_in[-1] if self.shared_extra[i][1] else None
+        weights, index = self._route(p, flat, logits)  # [T, k] each
         out = self._experts(p.experts, flat, index, weights, p.gate)
         fold = isinstance(out, Parts) and self.fold_down[i]
-        shared = self._shared(i, flat, fold) if p.shared is not None else None
+        shared = self._shared(i, flat, shared_in, fold) if p.shared is not None else None
         if fold and not isinstance(shared, torch.Tensor):  # summed into the residual by the next norm's kernel
             return out if shared is None else Parts(out.sums, None, shared.sums)
         out = _summed(out, flat)
@@ -501,25 +533,36 @@ class StaticTarget:
 
     def _shared_folds(self, i: int) -> bool:
         """Whether layer i's shared expert runs as a gated down GEMV's `Parts` in a one-row step: SwiGLU with
-        dense names, its gate a third output of the fused projection, no down bias."""
+        dense names, its gate an output of the fused projection, no down bias."""
         p = self.layers[i].moe_parts
-        gate_up = self.shared_gate_up[i]
-        return gate_up is not None and len(gate_up.sizes) == 3 and self.silu and p.shared_mlp[2].bias is None
+        fused_logit = self.shared_extra[i][0]
+        return self.shared_gate_up[i] is not None and fused_logit and self.silu and p.shared_mlp[2].bias is None
 
-    def _shared(self, i: int, x, fold: bool) -> torch.Tensor | Parts:
+    def _shared(self, i: int, x, projected, fold: bool) -> torch.Tensor | Parts:
         """The always-on expert over rows x [N, H], gated per row: sigmoid(shared_gate(x)) * shared(x); for one
-        row with `fold`, as `Parts` (the gate applied in the down kernel)."""
-        p, gate_up = self.layers[i].moe_parts, self.shared_gate_up[i]
-        if gate_up is None:
+        row with `fold`, as `Parts` (the gate applied in the down kernel). `projected`: the outputs of its fused
+        gate/up (None: no fused projection)."""
+        p = self.layers[i].moe_parts
+        if projected is None:
             return torch.sigmoid(p.shared_gate(x)) * p.shared(x)
-        gate, up, *logit = gate_up(x)  # [N, F] each; [N, 1] where the gate is fused
-        logit = logit[0] if logit else p.shared_gate(x)
+        gate, up = projected[:2]  # [N, F] each; then the gate's logit [N, 1] where fused
+        logit = projected[2] if self.shared_extra[i][0] else p.shared_gate(x)
         down, act = p.shared_mlp[2:]
         # `fold` (the layer's `fold_down`) implies `_shared_folds(i)`; gemv_parts' shape is tuned at run time: not
         # traceable
         if fold and x.shape[0] == 1 and not torch.compiler.is_compiling():
             return Parts(gemv_ops.gemv_parts(up, down.weight, gate, logit), None)
         return torch.sigmoid(logit) * _swiglu_down(self, gate, up, down, act)
+
+    def _branch_route(self, r: moe.ScaledRouting | None, router: nn.Module, x):
+        """(top-k weights, expert ids) [N, k] of a parallel branch's rows x [N, H]: its declared router's parts
+        through the kernels where the MoE kernels run (a norm, the projection, the routing rule), else the
+        module."""
+        if r is None or not self.moe_rows:
+            return router(x)[1:]
+        h = fused_ops.rms_norm(x, r.scale, r.eps, post=r.root)  # norm(x) * scale * root, each product rounded
+        logits = _linear(h, r.weight, None, self.gemv)  # [N, E]
+        return moe.route(logits, r.top_k, "softmax_topk", True, r.expert_scale)
 
     def _mlp(self, i: int, x):
         m = self.layers[i]
@@ -536,7 +579,7 @@ class StaticTarget:
         if m.moe_branch is not None:  # routed experts beside the dense MLP, on the same residual
             router, experts, dense_out, experts_in, experts_out = m.moe_branch
             flat = x.reshape(-1, x.shape[-1])  # [T, H]
-            _, weights, index = router(flat)
+            weights, index = self._branch_route(m.branch_routing, router, flat)  # [T, k] each
             routed = _summed(self._experts(experts, self.norm(experts_in, flat), index, weights), flat)
             routed = routed.reshape(x.shape)
             out = self.norm(dense_out, out) + self.norm(experts_out, routed)
@@ -598,7 +641,7 @@ class StaticTarget:
         for i, m in enumerate(self.layers):
             x, h = self.norm.add(m.input_norm, x, delta)
             if self.gdn[i] is not None:
-                h = self.gdn[i](h, mode)
+                h = self.gdn[i](h, mode, self.fold_o[i])
             else:
                 h = self._attn(i, h, rope[m.kind if self.by_type else None], positions, masks, prefill)
             h = self.norm(m.attn_out_norm, h) if m.attn_out_norm is not None else h
