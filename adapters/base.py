@@ -94,6 +94,11 @@ class GatedMLP:
     activation: str = "hidden_act"  # config key naming it: "silu" / "swish" allow the fused SiLU kernels
 
 
+# the experts' gated activations the down kernel computes (`SparseMoE.expert_gate`), and the config activations
+# each stands for (None: any)
+EXPERT_GATES = {None: None, "silu": ("silu", "swish"), "clamped_swiglu": None, "gelu_tanh": ("gelu_pytorch_tanh",)}
+
+
 @dataclass(frozen=True)
 class SparseMoE:
     """A sparse MoE block, run by the static engine as its parts: `router(x [N, H], *router_args)` -> (logits,
@@ -113,8 +118,9 @@ class SparseMoE:
     renormalize: str | bool = True  # softmax_topk: renormalise the top-k weights; a str names the router's flag
     # the experts' gated activation, for the down projection's kernel to compute from the gate/up output: "silu"
     # (silu(gate) * up over [gate | up] halves, where the config's activation is SiLU), "clamped_swiglu"
-    # (interleaved gate/up, both clamped at the module's `limit`, (up + 1) * gate * sigmoid(alpha * gate));
-    # None: the module's own `_apply_gate`
+    # (interleaved gate/up, both clamped at the module's `limit`, (up + 1) * gate * sigmoid(alpha * gate)),
+    # "gelu_tanh" (GELU's tanh form of gate times up over [gate | up] halves, where the config's activation is
+    # `gelu_pytorch_tanh`); None: the module's own `_apply_gate`
     expert_gate: str | None = None
     # config attribute naming transformers' experts implementation (`integrations/moe.py`): the static engine
     # reads it to tell whether a step would sync with the host, so whether it can be a CUDA graph
@@ -123,7 +129,7 @@ class SparseMoE:
     def __post_init__(self):
         if self.routing not in (None, "softmax_topk", "topk_softmax"):
             raise ValueError(f"SparseMoE: unknown routing {self.routing!r}")
-        if self.expert_gate not in (None, "silu", "clamped_swiglu"):
+        if self.expert_gate not in EXPERT_GATES:
             raise ValueError(f"SparseMoE: unknown expert_gate {self.expert_gate!r}")
 
 
@@ -162,6 +168,12 @@ class ParallelMoE:
     experts_in_norm: str = "pre_feedforward_layernorm_2"
     experts_out_norm: str = "post_feedforward_layernorm_2"
     routing: ScaledRouter | None = None  # the router's parts for the kernels; None: the router module runs
+    expert_gate: str | None = None  # the experts' gated activation, as `SparseMoE.expert_gate`
+    activation: str = "hidden_activation"  # text-config attribute naming the experts' activation
+
+    def __post_init__(self):
+        if self.expert_gate not in EXPERT_GATES:
+            raise ValueError(f"ParallelMoE: unknown expert_gate {self.expert_gate!r}")
 
 
 @dataclass(frozen=True)

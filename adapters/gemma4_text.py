@@ -60,7 +60,7 @@ class Gemma4TextAdapter(TargetAdapter):
         mlp=GatedMLP(activation="hidden_activation"),
         post_attention_norm="pre_feedforward_layernorm",  # the MLP's input norm
         sandwich=SandwichNorms(),
-        parallel_moe=ParallelMoE(routing=ScaledRouter()),
+        parallel_moe=ParallelMoE(routing=ScaledRouter(), expert_gate="gelu_tanh"),
         per_layer_input=PerLayerInput(),
         layer_scalar="layer_scalar",
         norms="fp32_weight",

@@ -192,16 +192,25 @@ def test_add_rms_norm_sums_few_row_parts(interpret):
     torch.testing.assert_close(y, fused_ops.rms_norm(total, w, 1e-6))
 
 
-def test_gemv_rounds_the_fused_input_as_torch_does(interpret):
-    """fp16: silu(gate) * up made inside the kernel is bitwise the input torch makes (each op rounded)."""
+@pytest.mark.parametrize("act", sorted(gemv.ACTS))
+def test_gemv_rounds_the_fused_input_as_torch_does(interpret, act):
+    """fp16: act(gate) * up made inside the kernel (SiLU, or Gemma's GELU tanh form) is the input torch makes
+    (each op rounded; GELU's tanh taken as a sigmoid may move one value by a rounding); the parts too."""
     gen = torch.Generator().manual_seed(1)
-    x, gate = (torch.randn(1, 1, 512, generator=gen).half() for _ in range(2))
+    x, gate = (torch.randn(1, 1, 512, generator=gen).mul(2).half() for _ in range(2))
     w = torch.randn(64, 512, generator=gen).half()
-    fused = gemv.gemv(x, w, None, gate)
-    assert torch.equal(fused, gemv.gemv(F.silu(gate) * x, w, None, None))
-    torch.testing.assert_close(
-        fused.float(), F.linear((F.silu(gate) * x).float(), w.float()), atol=0.05, rtol=2e-3
-    )
+    code, op = gemv.ACTS[act], gemv.ACT_OPS[gemv.ACTS[act]]
+    fused = gemv.gemv(x, w, None, gate, code)
+    unfused = gemv.gemv(op(gate) * x, w, None, None)
+    torch.testing.assert_close(fused, unfused, atol=0.02, rtol=2e-3)
+    assert (fused != unfused).sum() <= (0 if act == "silu" else 2)
+    torch.testing.assert_close(fused.float(), F.linear((op(gate) * x).float(), w.float()), atol=0.05, rtol=2e-3)
+    parts = gemv.gemv_parts(x, w, gate, act=code)
+    torch.testing.assert_close(parts.sum(0).half().view(fused.shape), fused, atol=0.02, rtol=2e-3)
+    other = gemv.ACT_OPS[gemv.ACTS["silu" if act != "silu" else "gelu_tanh"]]
+    assert not torch.allclose(fused.float(), F.linear((other(gate) * x).float(), w.float()), atol=0.05, rtol=2e-3)
+    with pytest.raises(ValueError, match="gate activation"):
+        gemv.gemv(x, w, None, gate, 2)
 
 
 def _rope_reference(qkv, q_w, k_w, cos, sin, positions, k_cache, v_cache, heads, eps):
@@ -260,6 +269,26 @@ def test_rope_store_equals_the_torch_ops(interpret, case, dtype):
         torch.testing.assert_close(got, want, atol=2e-6, rtol=2e-6)
         torch.testing.assert_close(caches[0], ref_caches[0], atol=2e-6, rtol=2e-6)
     assert torch.equal(caches[1], ref_caches[1])  # V: copied as it is
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rope_store_sums_a_gemv_s_partial_sums(interpret, dtype):
+    """qkv as the fp32 partial sums of its GEMV ([splits, 1, width], five slices: more than one unrolled round):
+    the same q and caches as from their in-order sum rounded to the dtype (what `gemv` returns)."""
+    heads, kvh, hd, rot, t = 4, 2, 32, 16, 1
+    gen = torch.Generator().manual_seed(12)
+    sums = torch.randn(5, t, (heads + 2 * kvh) * hd, generator=gen)
+    qw, kw = ((torch.rand(hd, generator=gen) + 0.5).to(dtype) for _ in range(2))
+    angle = torch.rand(t, rot // 2, generator=gen) * 6
+    cos, sin = (torch.cat([f(angle)] * 2, -1).to(dtype) for f in (torch.cos, torch.sin))
+    positions = torch.tensor([3])
+    caches = [[torch.zeros(kvh, 8, hd, dtype=dtype) for _ in range(2)] for _ in range(2)]
+    got = fused_ops.rope_store(sums, qw, kw, cos, sin, positions, *caches[0], heads, 1e-6, parts=True)
+    want = fused_ops.rope_store(sums.sum(0).to(dtype), qw, kw, cos, sin, positions, *caches[1], heads, 1e-6)
+    assert got.dtype == dtype and torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(*caches, strict=True))
+    with pytest.raises(ValueError, match="ungated"):
+        fused_ops.rope_store(sums, qw, kw, cos, sin, positions, *caches[0], heads, 1e-6, gated=True, parts=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -233,7 +233,13 @@ def test_gemma4_experts_beside_the_dense_mlp_through_the_gemv(interpret):  # noq
             p.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(2))
         _, weights, index = router(x)
         got_w, got_i = eng.target._branch_route(layer.branch_routing, router, x)  # the declared router's parts
-        torch.testing.assert_close(moe.routed(experts, x, index, weights), experts(x, index, weights))
+        want = experts(x, index, weights)
+        torch.testing.assert_close(moe.routed(experts, x, index, weights), want)
+        # the declared activation (GELU's tanh form) computed in the down kernel
+        assert layer.branch_gate is not None and layer.branch_gate.kind == "gelu_tanh"
+        torch.testing.assert_close(moe.routed(experts, x * 3, index, weights, layer.branch_gate), experts(x * 3, index, weights))
+        silu = moe.routed(experts, x * 3, index, weights, moe.ExpertGate("silu"))
+        assert not torch.allclose(silu, experts(x * 3, index, weights), rtol=1e-3, atol=1e-4)
     assert torch.equal(got_i, index) and got_w.dtype == weights.dtype == torch.float32
     torch.testing.assert_close(got_w, weights, rtol=1e-6, atol=1e-7)
     cfg = GenerationConfig(max_new_tokens=12)

@@ -150,13 +150,14 @@ def test_gemma4_31b_and_26b_layouts(variant, kernels):
     """K = V global layers with their own KV heads, and the experts beside the dense MLP: the static forward's
     logits through verify / commit / verify equal transformers', and the layout resolved what it should; with
     the Triton kernels (under the interpreter on CPU, ~70 s each) every attention layer takes the rotary + K/V
-    kernel."""
+    kernel and every layer's residual adds the sandwich kernel."""
     if kernels:
         pytest.importorskip("triton")
     adapter, drafter = static_pair("gemma4", **GEMMA_VARIANTS[variant])
     eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, **(KERNELS if kernels else {}))
     layers = eng.target.layers
     assert all(eng.target.rope_kernel) == kernels
+    assert all(eng.target.sandwich) == kernels  # each residual add with its norms in one kernel (sandwich.py)
     if variant == "k_eq_v":
         full = [i for i, m in enumerate(layers) if m.kind == "full_attention"]
         assert full and all(layers[i].v is None and eng.target.k[i].shape[1] == 1 for i in full)

@@ -31,106 +31,9 @@ from dflash_zoo.cuda.kernels import _pow2
 
 @functools.cache
 def _kernels():
-    import triton
-    import triton.language as tl
+    from dflash_zoo.cuda import fused_kernels as k  # triton on first use only
 
-    @triton.jit
-    def rope_store(QKV, QW, KW, Cos, Sin, Pos, Q, K, V, rows, width, keys, heads, kvh, hd, rot, eps, qspan,
-                   offset, D: tl.constexpr, NORM: tl.constexpr, FP32_WEIGHT: tl.constexpr, V_NORM: tl.constexpr,
-                   K_EQ_V: tl.constexpr):  # fmt: skip
-        t, j = tl.program_id(0), tl.program_id(1)  # row; head slot: q heads, then k heads, then v heads
-        d = tl.arange(0, D)
-        dok = d < hd
-        col = tl.where(j < heads, j * qspan, heads * qspan + (j - heads) * hd)  # q heads may span [query | gate]
-        if K_EQ_V:  # no v projection: a V head reads its K head's columns
-            col = tl.where(j >= heads + kvh, col - kvh * hd, col)
-        x = tl.load(QKV + t * width + col + d, mask=dok, other=0.0)
-        pos = tl.load(Pos + t)
-        if j >= heads + kvh:  # a V head: stored as it is, or RMSNorm'd without a weight (fp32, rounded once)
-            if V_NORM:
-                xf = x.to(tl.float32)
-                x = (xf / tl.sqrt(tl.sum(xf * xf, 0) / hd + eps)).to(x.dtype)
-            tl.store(V + ((j - heads - kvh) * keys + pos) * hd + d, x, mask=dok)
-        else:
-            half = rot // 2
-            pd = tl.where(d < half, d + half, d - half)  # rotate_half's partner of each rotated dim
-            xp = tl.load(QKV + t * width + col + pd, mask=dok & (d < rot), other=0.0)
-            xf, xpf = x.to(tl.float32), xp.to(tl.float32)
-            if NORM:  # the q/k norm in the declared formula (as `rms_norm`), per head
-                r = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / hd + eps)
-                if j < heads:
-                    w = tl.load(QW + d, mask=dok, other=0.0).to(tl.float32)
-                    wp = tl.load(QW + pd, mask=dok, other=0.0).to(tl.float32)
-                else:
-                    w = tl.load(KW + d, mask=dok, other=0.0).to(tl.float32)
-                    wp = tl.load(KW + pd, mask=dok, other=0.0).to(tl.float32)
-                if FP32_WEIGHT:  # normed * (offset + weight) in fp32, rounded once
-                    xf = (xf * r * (w + offset)).to(x.dtype).to(tl.float32)
-                    xpf = (xpf * r * (wp + offset)).to(x.dtype).to(tl.float32)
-                else:  # Llama: the norm rounded to the dtype, then the weight product
-                    xf = ((xf * r).to(x.dtype).to(tl.float32) * w).to(x.dtype).to(tl.float32)
-                    xpf = ((xpf * r).to(x.dtype).to(tl.float32) * wp).to(x.dtype).to(tl.float32)
-            # x * cos + rotate_half(x) * sin, each product rounded; dims past `rot` pass (cos 1, sin 0)
-            c = tl.load(Cos + t * rot + d, mask=d < rot, other=1.0).to(tl.float32)
-            s = tl.load(Sin + t * rot + d, mask=d < rot, other=0.0).to(tl.float32)
-            a = (xf * c).to(x.dtype).to(tl.float32)
-            b = (xpf * s).to(x.dtype).to(tl.float32)
-            y = (a + tl.where(d < half, -b, b)).to(x.dtype)
-            if j < heads:
-                tl.store(Q + (j * rows + t) * hd + d, y, mask=dok)
-            else:
-                tl.store(K + ((j - heads) * keys + pos) * hd + d, y, mask=dok)
-
-    @triton.jit
-    def rms_norm(X, Dl, Dm, B, W, G, S, Y, n, splits, more, eps, offset, post, D: tl.constexpr,
-                 FP32_WEIGHT: tl.constexpr, GATED: tl.constexpr, ADD: tl.constexpr, PARTS: tl.constexpr,
-                 MORE: tl.constexpr, BIAS: tl.constexpr, POST: tl.constexpr):  # fmt: skip
-        row, d = tl.program_id(0), tl.arange(0, D)
-        ok = d < n
-        x = tl.load(X + row * n + d, mask=ok, other=0.0)
-        if ADD:  # x + delta first (the residual sum, rounded as torch's add), written to S, then its norm
-            if PARTS:  # a split-K GEMV's fp32 partial sums [splits, rows, n]: added in order, plus bias, rounded
-                acc = tl.zeros([D], tl.float32)
-                for s0 in range(0, splits, 4):  # four slices' loads in flight at once (unrolled), added in order
-                    for s1 in tl.static_range(4):
-                        sp = s0 + s1
-                        at = Dl + (sp * tl.num_programs(0) + row) * n + d
-                        acc += tl.load(at, mask=ok & (d * 0 + sp < splits), other=0.0)
-                if MORE:  # a second group of partial sums [more, rows, n] (a shared expert's), after the first
-                    for sp in range(0, more):
-                        acc += tl.load(Dm + (sp * tl.num_programs(0) + row) * n + d, mask=ok, other=0.0)
-                if BIAS:
-                    acc += tl.load(B + d, mask=ok, other=0.0).to(tl.float32)
-                delta = acc.to(x.dtype)
-            else:
-                delta = tl.load(Dl + row * n + d, mask=ok, other=0.0)
-            x = (x.to(tl.float32) + delta.to(tl.float32)).to(x.dtype)
-            tl.store(S + row * n + d, x, mask=ok)
-        xf = x.to(tl.float32)
-        r = 1.0 / tl.sqrt(tl.sum(xf * xf, 0) / n + eps)
-        w = tl.load(W + d, mask=ok, other=0.0).to(tl.float32)
-        if FP32_WEIGHT:  # (normed * (offset + weight)) in fp32, rounded once
-            y = (xf * r * (w + offset)).to(x.dtype)
-        else:  # Llama: the norm rounded to the dtype, then the weight product
-            y = ((xf * r).to(x.dtype).to(tl.float32) * w).to(x.dtype)
-        if GATED:  # times silu(gate) in fp32, rounded once (Qwen3.5's gated norm)
-            g = tl.load(G + row * n + d, mask=ok, other=0.0).to(tl.float32)
-            y = (y.to(tl.float32) * (g / (1.0 + tl.exp(-g)))).to(x.dtype)
-        if POST:  # then times a constant, rounded (Gemma 4's router input)
-            y = (y.to(tl.float32) * post).to(x.dtype)
-        tl.store(Y + row * n + d, y, mask=ok)
-
-    @triton.jit
-    def silu_mul(G, U, Y, n, g_stride, u_stride, BLOCK: tl.constexpr):
-        row, cols = tl.program_id(0), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        ok = cols < n
-        g = tl.load(G + row * g_stride + cols, mask=ok, other=0.0)
-        u = tl.load(U + row * u_stride + cols, mask=ok, other=0.0)
-        gf = g.to(tl.float32)
-        a = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)  # silu, rounded as torch's
-        tl.store(Y + row * n + cols, (a.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=ok)
-
-    return rope_store, rms_norm, silu_mul
+    return k.rope_store, k.rms_norm, k.silu_mul
 
 
 @torch.library.custom_op("dflash_zoo::rope_store", mutates_args=("k_cache", "v_cache"))
@@ -150,36 +53,42 @@ def rope_store(
     offset: float = 0.0,
     v_norm: bool = False,
     k_eq_v: bool = False,
+    parts: bool = False,
 ) -> torch.Tensor:
     """qkv [T, (heads + 2 kvh) * hd]: q, k, v projections side by side (heads 0: k and v only); `gated`: each
     q head is [query | gate] (2 hd wide; the gates are left in qkv); `k_eq_v`: no v projection ([T, (heads +
     kvh) * hd]), the values are the keys before their norm. cos, sin [T, rot]; positions [T]; k_cache, v_cache
     [kvh, S, hd]. With norm weights [hd] (both or neither), q and k are RMSNorm'd first, in Llama's formula or
     with `fp32_weight` `rms_norm`'s fp32 one; `v_norm`: v too, without a weight (in fp32, rounded once).
-    Writes k (rotated) and v at `positions`; returns q rotated, [heads, T, hd]."""
+    Writes k (rotated) and v at `positions`; returns q rotated, [heads, T, hd]. With `parts`, qkv is the fp32
+    partial sums [splits, T, width] of its GEMV (`gemv.gemv_parts`), summed and rounded to the caches' dtype
+    first (not with `gated`: its gates are read from qkv later)."""
     kvh, keys, hd = k_cache.shape
-    t, qspan = qkv.shape[0], 2 * hd if gated else hd
+    if parts and (gated or qkv.dim() != 3):
+        raise ValueError("partial sums [splits, T, width] of an ungated projection only")
+    splits = qkv.shape[0] if parts else 1
+    t, qspan = qkv.shape[-2], 2 * hd if gated else hd
     kv_width = (1 if k_eq_v else 2) * kvh * hd
-    if qkv.shape[1] != heads * qspan + kv_width:
-        raise ValueError(f"qkv width {qkv.shape[1]} is not {heads} x {qspan} + {1 if k_eq_v else 2} x {kvh} x {hd}")
+    if qkv.shape[-1] != heads * qspan + kv_width:
+        raise ValueError(f"qkv width {qkv.shape[-1]} is not {heads} x {qspan} + {1 if k_eq_v else 2} x {kvh} x {hd}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("rope_store writes into contiguous [kvh, S, hd] caches only")
     qkv, cos, sin, positions = qkv.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous()
-    q = qkv.new_empty(heads, t, hd)
+    q = k_cache.new_empty(heads, t, hd)
     norm = q_weight is not None
     qw, kw = (q_weight, k_weight) if norm else (qkv, qkv)  # unread without NORM
     _kernels()[0][(t, heads + 2 * kvh)](
-        qkv, qw, kw, cos, sin, positions, q, k_cache, v_cache, t, qkv.shape[1], keys, heads, kvh, hd,
-        cos.shape[-1], eps, qspan, offset, D=_pow2(hd), NORM=norm, FP32_WEIGHT=fp32_weight, V_NORM=v_norm,
-        K_EQ_V=k_eq_v,
+        qkv, qw, kw, cos, sin, positions, q, k_cache, v_cache, t, qkv.shape[-1], keys, heads, kvh, hd,
+        cos.shape[-1], eps, qspan, offset, splits, D=_pow2(hd), NORM=norm, FP32_WEIGHT=fp32_weight, V_NORM=v_norm,
+        K_EQ_V=k_eq_v, PARTS=parts,
     )  # fmt: skip
     return q
 
 
 @rope_store.register_fake
 def _(qkv, q_weight, k_weight, cos, sin, positions, k_cache, v_cache, heads, eps, gated=False, fp32_weight=False,
-      offset=0.0, v_norm=False, k_eq_v=False):  # fmt: skip
-    return qkv.new_empty(heads, qkv.shape[0], k_cache.shape[-1])
+      offset=0.0, v_norm=False, k_eq_v=False, parts=False):  # fmt: skip
+    return k_cache.new_empty(heads, qkv.shape[-2], k_cache.shape[-1])
 
 
 def _norm_launch(x, delta, bias, weight, gate, total, y, eps, fp32_weight, offset, gated: bool, parts: bool,

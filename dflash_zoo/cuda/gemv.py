@@ -4,7 +4,8 @@
 projection has only 4,096 rows to spread over the SMs; inductor's fused SiLU + GEMV reached 2.9 TB/s on it and
 cuBLAS 3.35, against 4.3 for the wide gate/up (on an H200, docs/performance.md). Each program reduces a
 [rows x K-slice] tile; a second kernel adds the slices (fixed order: deterministic). With `gate` the input is
-HF's `act_fn(gate) * up` for SiLU, computed in the kernel with torch's rounding (each op rounded to the dtype).
+HF's `act_fn(gate) * up` for SiLU or GELU's tanh form (`ACTS`), computed in the kernel with torch's rounding
+(the activation, then the product, each rounded to the dtype).
 The tile configuration is timed once per shape on CUDA (`_gemv_config`), outside graph capture, against cuBLAS
 too where a plain output is wanted (the faster runs). `gemv_parts` stops before the sum: the next residual add
 sums the slices (`fused_ops.add_rms_norm`). 2..16 rows run a tensor-core variant of the same split
@@ -29,95 +30,25 @@ from dflash_zoo.cuda.kernels import _pow2, _sms
 log = logging.getLogger("dflash_zoo")
 
 
+# a gated input's activation, as the kernels' ACT: 1 SiLU, 3 GELU's tanh form (the numbers of moe.GATES), with
+# the torch op each stands for (cuBLAS runs it first) and its name in `tuned_configs`
+ACTS = {"silu": 1, "gelu_tanh": 3}
+ACT_OPS = {0: lambda g: g, 1: F.silu, 3: lambda g: F.gelu(g, approximate="tanh")}
+ACT_NAMES = {0: "", 1: "+silu", 3: "+gelu"}
+
+
 @functools.cache
 def _kernels():
-    """Compile-on-first-use Triton kernels (imported here so that importing this module needs no triton)."""
-    import triton
-    import triton.language as tl
+    from dflash_zoo.cuda import gemv_kernels as k  # triton on first use only
 
-    @triton.jit
-    def gemv_part(
-        W, X, Gate, Scale, Part, n_out, k_in, k_split, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.constexpr,
-        SCALE: tl.constexpr,
-    ):
-        pn, ps = tl.program_id(0), tl.program_id(1)  # output rows, K slice
-        rows = pn * BN + tl.arange(0, BN)
-        rok = rows < n_out
-        acc = tl.zeros([BN, BK], tl.float32)
-        for k0 in range(ps * k_split, ps * k_split + k_split, BK):
-            cols = k0 + tl.arange(0, BK)
-            cok = cols < k_in
-            x = tl.load(X + cols, mask=cok, other=0.0)
-            if SILU:  # HF's act_fn(gate) * up; like torch, silu and the product are each rounded to the dtype
-                g = tl.load(Gate + cols, mask=cok, other=0.0).to(tl.float32)
-                a = (g / (1.0 + tl.exp(-g))).to(x.dtype)
-                x = (a.to(tl.float32) * x.to(tl.float32)).to(x.dtype)
-            w = tl.load(W + rows[:, None] * k_in + cols[None, :], mask=rok[:, None] & cok[None, :], other=0.0)
-            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-        y = tl.sum(acc, 1)
-        if SCALE:  # times sigmoid(logit), rounded to the dtype as torch's sigmoid (a shared expert's gate)
-            logit = tl.load(Scale)
-            y *= (1.0 / (1.0 + tl.exp(-logit.to(tl.float32)))).to(logit.dtype).to(tl.float32)
-        tl.store(Part + ps * n_out + rows, y, mask=rok)
-
-    @triton.jit
-    def gemm_part(W, X, Gate, Part, Bias, n_rows, n_out, k_in, k_split, x_stride, g_stride,
-                  R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SILU: tl.constexpr, DIRECT: tl.constexpr,
-                  BIAS: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
-        """A few rows (R >= 16, padded): [rows, K] x [N, K]^T over one tile of N and one slice of K, on the
-        tensor cores. DIRECT (one slice): the output itself, plus bias, in the input dtype."""
-        pn, ps = tl.program_id(0), tl.program_id(1)  # output columns, K slice
-        n = pn * BN + tl.arange(0, BN)
-        r = tl.arange(0, R)
-        nok, rok = n < n_out, r < n_rows
-        acc = tl.zeros([R, BN], tl.float32)
-        for k0 in range(ps * k_split, ps * k_split + k_split, BK):
-            cols = k0 + tl.arange(0, BK)
-            cok = cols < k_in
-            xm = rok[:, None] & cok[None, :]
-            x = tl.load(X + r[:, None] * x_stride + cols[None, :], mask=xm, other=0.0)  # [R, BK]
-            if SILU:  # as gemv_part: silu(gate) * up, each op rounded to the dtype
-                g = tl.load(Gate + r[:, None] * g_stride + cols[None, :], mask=xm, other=0.0).to(tl.float32)
-                a = (g / (1.0 + tl.exp(-g))).to(x.dtype)
-                x = (a.to(tl.float32) * x.to(tl.float32)).to(x.dtype)
-            w = tl.load(W + n[:, None] * k_in + cols[None, :], mask=nok[:, None] & cok[None, :], other=0.0)
-            if IEEE:  # fp32 inputs: exact products, not TF32
-                acc += tl.dot(x, tl.trans(w), input_precision="ieee")
-            else:
-                acc += tl.dot(x, tl.trans(w))  # [R, BN]
-        at = r[:, None] * n_out + n[None, :]
-        ok = rok[:, None] & nok[None, :]
-        if DIRECT:
-            if BIAS:
-                acc += tl.load(Bias + n, mask=nok, other=0.0).to(tl.float32)[None, :]
-            tl.store(Part + at, acc.to(X.dtype.element_ty), mask=ok)
-        else:
-            tl.store(Part + ps * n_rows * n_out + at, acc, mask=ok)
-
-    @triton.jit
-    def gemv_sum(Part, Bias, Out, n_out, splits, n_bias, BLOCK: tl.constexpr, S: tl.constexpr,
-                 BIAS: tl.constexpr):  # fmt: skip
-        rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # flat [rows x N] outputs
-        rok = rows < n_out
-        s = tl.arange(0, S)
-        y = tl.sum(
-            tl.load(
-                Part + s[:, None] * n_out + rows[None, :],
-                mask=(s < splits)[:, None] & rok[None, :],
-                other=0.0,
-            ),
-            0,
-        )
-        if BIAS:
-            y += tl.load(Bias + rows % n_bias, mask=rok, other=0.0).to(tl.float32)
-        tl.store(Out + rows, y.to(Out.dtype.element_ty), mask=rok)
-
-    return gemv_part, gemv_sum, gemm_part
+    return k.gemv_part, k.gemv_sum, k.gemm_part
 
 
-# (rows per program, K per iteration, programs per SM, warps): the candidates `_gemv_config` times per shape
+# (rows per program, K per iteration, programs per SM, warps, prefetch): the candidates `_gemv_config` times per
+# shape; prefetch 1 keeps the next weight tile's load in flight while the current one is multiplied
 GEMV_CONFIGS = [
-    (bn, bk, per_sm, 4 if bn * bk <= 4096 else 8)
+    (bn, bk, per_sm, 4 if bn * bk <= 4096 else 8, prefetch)
+    for prefetch in (0, 1)
     for bn in (8, 16, 32)
     for bk in (128, 256)
     for per_sm in (4, 8, 2)
@@ -154,10 +85,11 @@ def _split(n: int, k: int, rows_per_block: int, bk: int, per_sm: int, x) -> tupl
     return blocks, -(-k // k_split), k_split
 
 
-def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False, scale=None) -> torch.Tensor:
+def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False, scale=None, act: int = 1) -> torch.Tensor:
     """fp32 partial sums [splits, rows, N] of x [..., K] (rows = all leading sizes, at most ROWS) times weight
     [N, K]^T over slices of K; with `direct` and one slice, the output [rows, N] itself (bias added). `scale`
-    (one row only): a logit whose sigmoid multiplies the sums."""
+    (one row only): a logit whose sigmoid multiplies the sums. With `gate`, the input is act(gate) * x (`ACTS`)."""
+    act = act if gate is not None else 0
     n, k = weight.shape
     rows = x.numel() // x.shape[-1]
     bn, bk, per_sm, warps = config[:4]
@@ -167,7 +99,7 @@ def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False, scale=
         part = torch.empty(splits, 1, n, device=x.device, dtype=torch.float32)
         _kernels()[0][(blocks, splits)](
             weight, x, g, scale if scale is not None else x, part, n, k, k_split, BN=bn, BK=bk,
-            SILU=gate is not None, SCALE=scale is not None, num_warps=warps,
+            ACT=act, SCALE=scale is not None, PREFETCH=bool(config[4]), num_warps=warps,
         )  # fmt: skip
         return part
     if scale is not None:
@@ -177,17 +109,17 @@ def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False, scale=
     part = torch.empty(splits, rows, n, device=x.device, dtype=torch.float32) if not direct else x.new_empty(rows, n)
     _kernels()[2][(blocks, splits)](
         weight, x2, g2, part, bias if bias is not None else weight, rows, n, k, k_split, x2.stride(0), g2.stride(0),
-        R=max(16, _pow2(rows)), BN=bn, BK=bk, SILU=gate is not None, DIRECT=direct, BIAS=bias is not None,
+        R=max(16, _pow2(rows)), BN=bn, BK=bk, ACT=act, DIRECT=direct, BIAS=bias is not None,
         IEEE=x.dtype == torch.float32, num_warps=warps, num_stages=config[4],
     )  # fmt: skip
     return part
 
 
-def _gemv_launch(x, weight, bias, gate, config) -> torch.Tensor:
+def _gemv_launch(x, weight, bias, gate, config, act: int = 1) -> torch.Tensor:
     if config is CUBLAS:
-        return F.linear(x if gate is None else F.silu(gate) * x, weight, bias)
+        return F.linear(x if gate is None else ACT_OPS[act](gate) * x, weight, bias)
     shape = (*x.shape[:-1], weight.shape[0])
-    part = _gemv_parts(x, weight, gate, config, bias, direct=True)
+    part = _gemv_parts(x, weight, gate, config, bias, direct=True, act=act)
     if part.dtype == x.dtype and part.dim() == 2:  # one K slice: the kernel wrote the output
         return part.view(shape)
     splits, n = part.shape[0], part[0].numel()
@@ -214,7 +146,7 @@ def _graph_ms(fn, reps: int = 10) -> float:
     return start.elapsed_time(end) / reps
 
 
-def _gemv_config(x, weight, gate, parts: bool = False) -> tuple[int, ...] | None:
+def _gemv_config(x, weight, gate, parts: bool = False, act: int = 1) -> tuple[int, ...] | None:
     """The fastest kernel config for this shape and row count, and cuBLAS too unless `parts` (partial sums
     wanted), timed once on CUDA (the first config under the interpreter).
 
@@ -223,14 +155,14 @@ def _gemv_config(x, weight, gate, parts: bool = False) -> tuple[int, ...] | None
     """
     rows = x.numel() // x.shape[-1]
     configs = GEMV_CONFIGS if rows == 1 else GEMM_CONFIGS
-    key = (tuple(weight.shape), weight.dtype, gate is not None, parts, rows, x.device)
+    key = (tuple(weight.shape), weight.dtype, act if gate is not None else 0, parts, rows, x.device)
     if key in _tuned:
         return _tuned[key]
     if not x.is_cuda or torch.cuda.is_current_stream_capturing():
         return configs[0]  # nothing timed while a graph is captured (steps are warmed before capture)
     flush = torch.empty(2**25, device=x.device, dtype=torch.float32)
     base = _graph_ms(flush.zero_)
-    run = _gemv_parts if parts else functools.partial(_gemv_launch, bias=None)
+    run = functools.partial(_gemv_parts, act=act) if parts else functools.partial(_gemv_launch, bias=None, act=act)
     candidates = configs if parts else [*configs, CUBLAS]
     times = {
         c: _graph_ms(lambda c=c: (flush.zero_(), run(x, weight, gate=gate, config=c))) - base for c in candidates
@@ -245,44 +177,51 @@ def _gemv_config(x, weight, gate, parts: bool = False) -> tuple[int, ...] | None
 def tuned_configs() -> dict[str, list[int] | str]:
     """The configs timed so far, by rows, K and N ("1x12288->4096+silu"), for bench records."""
     return {
-        f"{rows}x{k}->{n}{'+silu' if silu else ''}{'+parts' if parts else ''}": "cublas" if c is CUBLAS else list(c)
-        for ((n, k), _, silu, parts, rows, _), c in _tuned.items()
+        f"{rows}x{k}->{n}{ACT_NAMES[act]}{'+parts' if parts else ''}": "cublas" if c is CUBLAS else list(c)
+        for ((n, k), _, act, parts, rows, _), c in _tuned.items()
     }
 
 
 @torch.library.custom_op("dflash_zoo::gemv", mutates_args=())
 def gemv(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gate: torch.Tensor | None
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gate: torch.Tensor | None, act: int = 1
 ) -> torch.Tensor:
     """A few rows x [..., K] -> x @ weight [N, K]^T (+ bias) [..., N]; with `gate` [..., K], the input is
-    silu(gate) * x (a SwiGLU down projection's). One row: the split-K GEMV; 2..ROWS rows: the split-K tensor-core
-    kernel; either where it was timed faster than cuBLAS for the shape; more rows: cuBLAS."""
+    act(gate) * x (a gated MLP's down projection; `act` of `ACTS`). One row: the split-K GEMV; 2..ROWS rows: the
+    split-K tensor-core kernel; either where it was timed faster than cuBLAS for the shape; more rows: cuBLAS."""
+    _check_act(act)
     if x.numel() // x.shape[-1] > ROWS:
-        return _gemv_launch(x, weight, bias, gate, CUBLAS)
+        return _gemv_launch(x, weight, bias, gate, CUBLAS, act)
     x, weight, gate = _few_rows(x, weight, gate)
-    return _gemv_launch(x, weight, bias, gate, _gemv_config(x, weight, gate))
+    return _gemv_launch(x, weight, bias, gate, _gemv_config(x, weight, gate, act=act), act)
 
 
 @gemv.register_fake
-def _(x, weight, bias, gate):
+def _(x, weight, bias, gate, act=1):
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 @torch.library.custom_op("dflash_zoo::gemv_parts", mutates_args=())
 def gemv_parts(
-    x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, scale: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, scale: torch.Tensor | None = None, act: int = 1
 ) -> torch.Tensor:
     """`gemv` without its last kernel: fp32 partial sums [splits, rows, N] whose in-order sum is the output
     (before bias and rounding); `fused_ops.add_rms_norm` sums them into the residual. For one row, `scale` (a
     one-element logit) multiplies them by its sigmoid, rounded as torch's: a gated shared expert's output."""
+    _check_act(act)
     x, weight, gate = _few_rows(x, weight, gate)
-    return _gemv_parts(x, weight, gate, _gemv_config(x, weight, gate, parts=True), scale=scale)
+    return _gemv_parts(x, weight, gate, _gemv_config(x, weight, gate, True, act), scale=scale, act=act)
 
 
 @gemv_parts.register_fake
-def _(x, weight, gate, scale=None):
+def _(x, weight, gate, scale=None, act=1):
     # not traceable: the slice count is tuned at run time (the static path never compiles it, `static.py`)
     raise NotImplementedError("gemv_parts has no fixed output shape to trace")
+
+
+def _check_act(act: int) -> None:
+    if act not in ACT_OPS or not act:
+        raise ValueError(f"unknown gate activation {act}: one of {sorted(a for a in ACT_OPS if a)}")
 
 
 def _few_rows(x, weight, gate):

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_zoo.adapters.base import ScaledRouter, SparseMoE
+from dflash_zoo.adapters.base import EXPERT_GATES, ScaledRouter, SparseMoE
 from dflash_zoo.cuda.moe import ExpertGate, Routing, ScaledRouting, supported
 from dflash_zoo.errors import UnsupportedModelError
 
@@ -72,6 +72,7 @@ class LayerModules(NamedTuple):
     mlp_out_norm: nn.Module | None = None
     moe_branch: tuple[nn.Module, ...] | None = None  # (router, experts, dense out, experts in, experts out norms)
     branch_routing: ScaledRouting | None = None  # the branch router's declared parts; None: the module runs
+    branch_gate: ExpertGate | None = None  # the branch experts' declared activation (in the down kernel)
     moe_parts: MoEParts | None = None  # a sparse block's parts for the MoE kernels; None: it runs as its module
     per_layer: tuple[nn.Module, ...] | None = None  # (gate, projection, norm, act) of the per-layer input
     scalar: torch.Tensor | None = None  # multiplies the layer's output
@@ -85,6 +86,7 @@ class TargetModules(NamedTuple):
     rotary_emb: nn.Module
     eps: float  # every RMSNorm's epsilon
     silu: bool  # the dense MLPs' activation is SiLU: the fused SiLU kernels apply
+    activation: str | None  # the kernels' name of that activation ("silu", "gelu_tanh"), or None: not theirs
     layout: StaticLayout
 
 
@@ -221,10 +223,7 @@ def _moe_parts(adapter: TargetAdapter, layout: StaticLayout, block: nn.Module, w
             raise UnsupportedModelError(f"{where}.{moe.router} has no weight and top_k for its declared routing")
         renorm = getattr(router, moe.renormalize) if isinstance(moe.renormalize, str) else moe.renormalize
         routing = Routing(moe.routing, int(router.top_k), bool(renorm))
-    if moe.expert_gate == "clamped_swiglu":
-        gate = ExpertGate("clamped_swiglu", float(experts.limit), float(experts.alpha))
-    elif moe.expert_gate == "silu" and getattr(adapter.text_config, "hidden_act", None) in ("silu", "swish"):
-        gate = ExpertGate("silu")
+    gate = _expert_gate(adapter, moe.expert_gate, "hidden_act", experts)
     args = tuple(get(a) for a in moe.router_args)
     shared, mlp = get(moe.shared_expert), None
     names = (layout.mlp.gate_proj, layout.mlp.up_proj, layout.mlp.down_proj) if layout.mlp else ()
@@ -232,6 +231,17 @@ def _moe_parts(adapter: TargetAdapter, layout: StaticLayout, block: nn.Module, w
         sw = f"{where}.{moe.shared_expert}"
         mlp = (*(_linear(adapter, shared, n, sw) for n in names), _lookup(adapter, shared, layout.mlp.act_fn, sw))
     return MoEParts(router, args, experts, shared, get(moe.shared_expert_gate), routing, gate, mlp)
+
+
+def _expert_gate(adapter: TargetAdapter, kind: str | None, activation: str, experts: nn.Module) -> ExpertGate | None:
+    """The declared experts' activation for the down kernel, where the config's activation is the one it stands
+    for (`EXPERT_GATES`); else None (the module's `_apply_gate` runs)."""
+    acts = EXPERT_GATES.get(kind)
+    if kind is None or (acts is not None and getattr(adapter.text_config, activation, None) not in acts):
+        return None
+    if kind == "clamped_swiglu":
+        return ExpertGate(kind, float(experts.limit), float(experts.alpha))
+    return ExpertGate(kind)
 
 
 def _extras(adapter: TargetAdapter, layout: StaticLayout, layer: nn.Module, where: str) -> dict:
@@ -246,6 +256,7 @@ def _extras(adapter: TargetAdapter, layout: StaticLayout, layer: nn.Module, wher
         out["moe_branch"] = tuple(get(n) for n in names)
         if pm.routing is not None:
             out["branch_routing"] = _scaled_routing(adapter, pm.routing, out["moe_branch"][0], f"{where}.{pm.router}")
+        out["branch_gate"] = _expert_gate(adapter, pm.expert_gate, pm.activation, out["moe_branch"][1])
     pli = layout.per_layer_input
     if pli is not None and getattr(adapter.text_config, pli.width, None):
         out["per_layer"] = tuple(get(n) for n in (pli.gate, pli.projection, pli.norm, pli.act))
@@ -302,6 +313,7 @@ def resolve(adapter: TargetAdapter) -> TargetModules:
         rotary_emb=_lookup(adapter, model, layout.rotary_emb, "the model"),
         eps=_lookup(adapter, text, layout.norm_eps, "the text config"),
         silu=act in ("silu", "swish"),
+        activation=next((kind for kind, acts in EXPERT_GATES.items() if acts and act in acts), None),
         layout=layout,
     )
 

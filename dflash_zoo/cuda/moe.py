@@ -46,7 +46,7 @@ CONFIGS = [(32, 128, 4), (16, 128, 4), (16, 256, 4), (32, 256, 8), (16, 512, 8),
 # rows on an H200 gpt-oss-20b picked (64, 128, 4, 2), the Qwen MoE shapes (128, 128, 8, 3) and (128, 64, 4, 3)
 GROUPED_CONFIGS = [(64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 4, 2), (128, 64, 4, 3), (32, 128, 4, 3),
                    (128, 128, 8, 3), (32, 256, 4, 2)]  # fmt: skip
-GATES = {None: 0, "silu": 1, "clamped_swiglu": 2}  # SparseMoE.expert_gate -> the kernel's ACT
+GATES = {None: 0, "silu": 1, "clamped_swiglu": 2, "gelu_tanh": 3}  # SparseMoE.expert_gate -> the kernel's ACT
 _tuned: dict[tuple, tuple[int, ...]] = {}
 
 
@@ -75,7 +75,7 @@ class ScaledRouting:
 class ExpertGate:
     """The declared gated activation (`SparseMoE.expert_gate`) with the module's constants."""
 
-    kind: str  # "silu" or "clamped_swiglu"
+    kind: str  # "silu", "clamped_swiglu" or "gelu_tanh"
     limit: float = 0.0
     alpha: float = 0.0
 
@@ -202,7 +202,7 @@ def expert_linear(
     alpha: float = 0.0,
     routing: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [R, K] (act 1 or 2: [R, 2K], a gate/up output whose activation is the input, `GATES`); weight [E, N, K]
+    """x [R, K] (act 1 to 3: [R, 2K], a gate/up output whose activation is the input, `GATES`); weight [E, N, K]
     ([E, K, N] when `transposed`); bias [E, N]; experts [S]: each token's top_k experts in turn (distinct within
     a token), S a multiple of R (pair s reads row s // (S / R)) -> [S, N]: pair s's row through its expert's
     projection. With `routing` [S], the outputs times their weights, in fp32 slices [top_k, S / top_k, N]

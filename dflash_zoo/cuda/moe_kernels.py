@@ -4,16 +4,17 @@ rule, the one-token expert GEMV and the several-token grouped expert kernel, whi
 import triton
 import triton.language as tl
 
+from dflash_zoo.cuda.gemv_kernels import activation
+
 
 @triton.jit
 def expert_input(xr, cols, mask, k_in, limit, alpha, ACT: tl.constexpr):
-    """A projection's input at `cols` of the rows at `xr`; ACT 1 and 2: the declared activation of a gate/up
+    """A projection's input at `cols` of the rows at `xr`; ACT 1 to 3: the declared activation of a gate/up
     output [.., 2 k_in], each op rounded to the dtype as torch rounds it."""
-    if ACT == 1:  # silu(gate) * up over [gate | up] halves
+    if ACT == 1 or ACT == 3:  # act(gate) * up over [gate | up] halves: SiLU, or GELU's tanh form
         u = tl.load(xr + k_in + cols, mask=mask, other=0.0)
         g = tl.load(xr + cols, mask=mask, other=0.0).to(tl.float32)
-        a = (g / (1.0 + tl.exp(-g))).to(u.dtype)
-        x = (a.to(tl.float32) * u.to(tl.float32)).to(u.dtype)
+        x = (activation(g, ACT).to(u.dtype).to(tl.float32) * u.to(tl.float32)).to(u.dtype)
     elif ACT == 2:  # interleaved gate/up, both clamped; (up + 1) * gate * sigmoid(alpha * gate)
         u = tl.load(xr + 2 * cols + 1, mask=mask, other=0.0)
         g = tl.load(xr + 2 * cols, mask=mask, other=0.0)

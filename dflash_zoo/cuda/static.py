@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_zoo.cuda import fused_ops, moe
+from dflash_zoo.cuda import fused_ops, moe, sandwich
 from dflash_zoo.cuda import gemv as gemv_ops
 from dflash_zoo.cuda.attention import (
     BLOCK_ATTENTION,
@@ -114,6 +114,15 @@ class FusedLinear:
         if self.linears is not None:
             return tuple(m(x) for m in self.linears)
         return self.joint(x).split(self.sizes, dim=-1)
+
+    def parts(self, x: torch.Tensor) -> torch.Tensor | None:
+        """One row x [..., in] -> the fp32 partial sums [splits, 1, sum(out_j)] of the fused GEMV (`gemv_parts`),
+        for a kernel that sums them as it reads them; None where that does not apply (unfused, a bias, GEMV off,
+        several rows, or traced: the slice count is tuned at run time)."""
+        one_row = x.numel() == x.shape[-1]
+        if self.linears is not None or self.bias is not None or not self.gemv or not one_row:
+            return None
+        return None if torch.compiler.is_compiling() else gemv_ops.gemv_parts(x, self.weight, None)
 
     def joint(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> [..., sum(out_j)]: the outputs side by side (one GEMM when fused)."""
@@ -200,16 +209,17 @@ def _plus(x: torch.Tensor, delta: torch.Tensor | Parts | None) -> torch.Tensor:
     return x if delta is None else x + _summed(delta, x)
 
 
-def _project(m: nn.Linear, x: torch.Tensor, gate: torch.Tensor | None, gemv: bool, fold: bool):
-    """m(x), or m(silu(gate) * x) with `gate`, for a few rows through `gemv_ops.gemv`: for one row as `Parts` with
-    `fold` (the next residual add sums them). None where the kernels do not apply (off, or too many rows)."""
+def _project(m: nn.Linear, x: torch.Tensor, gate: torch.Tensor | None, gemv: bool, fold: bool, act: int = 1):
+    """m(x), or m(act(gate) * x) with `gate` (`act` of `gemv_ops.ACTS`), for a few rows through `gemv_ops.gemv`:
+    for one row as `Parts` with `fold` (the next residual add sums them). None where the kernels do not apply
+    (off, or too many rows)."""
     rows = x.numel() // x.shape[-1]
     if not gemv or rows > gemv_ops.max_rows():
         return None
     # gemv_parts' shape is tuned at run time: not traceable
     if fold and rows == 1 and not torch.compiler.is_compiling():
-        return Parts(gemv_ops.gemv_parts(x, m.weight, gate), m.bias)
-    return gemv_ops.gemv(x, m.weight, m.bias, gate)
+        return Parts(gemv_ops.gemv_parts(x, m.weight, gate, act=act), m.bias)
+    return gemv_ops.gemv(x, m.weight, m.bias, gate, act)
 
 
 def _logit(gate: nn.Module | None, like: nn.Linear) -> list[nn.Linear]:
@@ -235,14 +245,14 @@ def _swiglu(act, gate: torch.Tensor, up: torch.Tensor, kernel: bool) -> torch.Te
 
 def _swiglu_mlp(owner, gate_up: FusedLinear, down: nn.Linear, act, x, fold: bool = False):
     """down(act(gate(x)) * up(x)) over x [..., H] with the switches of `owner` (a StaticTarget or StaticDrafter:
-    `gemv`, `silu`, `swiglu`); for one row with `fold`, as `Parts`."""
+    `gemv`, `gate_act`, `swiglu`); for one row with `fold`, as `Parts`."""
     return _swiglu_down(owner, *gate_up(x), down, act, fold)
 
 
 def _swiglu_down(owner, gate, up, down: nn.Linear, act, fold: bool = False):
     """down(act(gate) * up) for the gate and up outputs [..., F], as `_swiglu_mlp`."""
-    # silu(gate) * up computed inside the kernel
-    projected = _project(down, up, gate, owner.gemv, fold) if owner.silu else None
+    # act(gate) * up computed inside the GEMV kernel, where it computes that activation
+    projected = _project(down, up, gate, owner.gemv, fold, owner.gate_act) if owner.gate_act else None
     return down(_swiglu(act, gate, up, owner.swiglu)) if projected is None else projected
 
 
@@ -280,11 +290,14 @@ def _qkv_store(proj, x, heads: int, norm, qk, rope, positions, buffers, fused: b
     (cos, sin), (k_buf, v_buf) = rope, buffers
     if fused:
         w = (qk[0].weight, qk[1].weight) if qk else (None, None)
-        qkv = proj.joint(x)[0]  # [T, width]
+        # one row: the GEMV's partial sums [splits, 1, width], summed by the kernel (not gated: the gates are
+        # read from qkv below); else the projection [T, width]
+        sums = proj.parts(x) if not opts.gated else None
+        qkv = sums if sums is not None else proj.joint(x)[0]
         k_eq_v = heads > 0 and len(proj.sizes) == 2  # q and k only: the values are the keys
         q = fused_ops.rope_store(
             qkv, *w, cos, sin, positions, k_buf[0], v_buf[0], heads, norm.eps, opts.gated, norm.fp32, norm.offset,
-            opts.v_norm is not None, k_eq_v,
+            opts.v_norm is not None, k_eq_v, sums is not None,
         )  # fmt: skip
         q = q[None] if heads else None
         if not opts.gated:
@@ -355,6 +368,7 @@ class StaticTarget:
         self.decode_attend = DECODE_ATTENTION[decode_attention]  # T = 1 steps only
         self.block_attend = BLOCK_ATTENTION[block_attention]  # verify steps (T > 1)
         self.silu = mods.silu  # the kernels' fused SwiGLU
+        self.gate_act = gemv_ops.ACTS.get(mods.activation, 0)  # the dense MLPs' activation in the GEMV (0: none)
         self.swiglu = fused_ops and self.silu  # silu(gate) * up through `fused_ops.silu_mul`
         self.heads = text.num_attention_heads
         if layout.norms != "llama" and layout.norms not in FP32_NORMS:
@@ -388,6 +402,8 @@ class StaticTarget:
                 self.shared_extra[i] = (bool(logit), bool(router))
         # few-row o / down projections whose partial sums the next residual add takes (`Parts`): where that add
         # and norm run as one kernel and nothing else reads the sublayer's output first
+        # sandwich-norm layers: each residual add, with its norms, in one kernel (sandwich.py)
+        self.sandwich = [sandwich.runs(self, i) for i in range(len(self.layers))]
         self.fold_o, self.fold_down = self._folds(mods.final_norm)
         dev = mods.final_norm.weight.device
         # sliding layers keep a ring of R >= window + 2 * max_rows slots (slot = position % R) where that is
@@ -409,14 +425,15 @@ class StaticTarget:
         if not self.gemv:
             return [False] * len(self.layers), [False] * len(self.layers)
         fuses = [self.norm.fuses(n, self.dtype) for n in (*(m.input_norm for m in self.layers[1:]), final_norm)]
-        # an attention or GDN layer's output projection
-        o = [(q is not None or m.gdn is not None) and m.attn_out_norm is None and self.norm.fuses(m.post_norm, self.dtype)
-             for q, m in zip(self.qkv, self.layers, strict=True)]  # fmt: skip
+        # an attention or GDN layer's output projection, summed by the next norm's kernel or the sandwich kernel
+        o = [(q is not None or m.gdn is not None)
+             and (m.attn_out_norm is None and self.norm.fuses(m.post_norm, self.dtype) or sandwich_layer)
+             for q, m, sandwich_layer in zip(self.qkv, self.layers, self.sandwich, strict=True)]  # fmt: skip
         # a dense SwiGLU MLP's down GEMV, or a sparse block's routed experts and its shared expert, if any, where
         # that folds too (`_sparse`)
         sparse = [m.moe_parts is not None and (m.moe_parts.shared is None or self._shared_folds(i))
                   for i, m in enumerate(self.layers)]  # fmt: skip
-        parts = [(g is not None and self.silu) or f for g, f in zip(self.gate_up, sparse, strict=True)]
+        parts = [(g is not None and self.gate_act) or f for g, f in zip(self.gate_up, sparse, strict=True)]
         down = [  # the layer's residual sum is left to the next norm (`forward`), which fuses
             p and nxt and m.moe_branch is None and m.mlp_out_norm is None
             and i not in self.taps and m.per_layer is None and m.scalar is None
@@ -560,9 +577,28 @@ class StaticTarget:
         module."""
         if r is None or not self.moe_rows:
             return router(x)[1:]
-        h = fused_ops.rms_norm(x, r.scale, r.eps, post=r.root)  # norm(x) * scale * root, each product rounded
+        return self._scaled_route(r, fused_ops.rms_norm(x, r.scale, r.eps, post=r.root))
+
+    def _scaled_route(self, r: moe.ScaledRouting, h):
+        """(top-k weights, expert ids) [N, k] from a declared router's input h [N, H] (norm(x) * scale * root)."""
         logits = _linear(h, r.weight, None, self.gemv)  # [N, E]
         return moe.route(logits, r.top_k, "softmax_topk", True, r.expert_scale)
+
+    def _sandwich(self, i: int, x, h):
+        """A sandwich layer after its attention output h (`sandwich.runs`): residual x [1, T, H] -> (the layer's
+        output, the next layer's input norm of it), in two kernels around the MLP (and a parallel branch)."""
+        m = self.layers[i]
+        x, normed = sandwich.after_attention(self, i, x, h)
+        if self.gate_up[i] is None:
+            dense = self._sparse(i, normed[0])
+        else:  # a one-row down GEMV's partial sums go to the kernel (`Parts`)
+            dense = _swiglu_mlp(self, self.gate_up[i], m.down, m.act, normed[0], fold=True)
+        routed = None
+        if m.moe_branch is not None:
+            rows = (-1, x.shape[-1])
+            weights, index = self._scaled_route(m.branch_routing, normed[2].reshape(rows))  # [T, k] each
+            routed = self._experts(m.moe_branch[1], normed[1].reshape(rows), index, weights, m.branch_gate)
+        return sandwich.after_mlp(self, i, x, dense, routed)
 
     def _mlp(self, i: int, x):
         m = self.layers[i]
@@ -580,7 +616,7 @@ class StaticTarget:
             router, experts, dense_out, experts_in, experts_out = m.moe_branch
             flat = x.reshape(-1, x.shape[-1])  # [T, H]
             weights, index = self._branch_route(m.branch_routing, router, flat)  # [T, k] each
-            routed = _summed(self._experts(experts, self.norm(experts_in, flat), index, weights), flat)
+            routed = _summed(self._experts(experts, self.norm(experts_in, flat), index, weights, m.branch_gate), flat)
             routed = routed.reshape(x.shape)
             out = self.norm(dense_out, out) + self.norm(experts_out, routed)
         return x, self.norm(m.mlp_out_norm, out) if m.mlp_out_norm is not None else out
@@ -636,14 +672,20 @@ class StaticTarget:
         rope, masks = self._rope(emb, positions), self._masks(positions, prefill, emb.dtype)
         extra = self.adapter.per_layer_inputs(ids, emb) if self.per_layer else None  # [1, T, L, P]
         mode = "prefill" if prefill else "step" if t == 1 else "verify"
-        # each sublayer's output is added to the residual x by the next norm's kernel (`_Norms.add`)
-        x, delta = emb, None
+        # each sublayer's output is added to the residual x by the next norm's kernel (`_Norms.add`); after a
+        # sandwich layer's kernels, `pre` is the next layer's input norm
+        x, delta, pre = emb, None, None
         for i, m in enumerate(self.layers):
-            x, h = self.norm.add(m.input_norm, x, delta)
+            x, h = (x, pre) if pre is not None else self.norm.add(m.input_norm, x, delta)
+            pre = None
             if self.gdn[i] is not None:
                 h = self.gdn[i](h, mode, self.fold_o[i])
             else:
                 h = self._attn(i, h, rope[m.kind if self.by_type else None], positions, masks, prefill)
+            if self.sandwich[i]:
+                x, pre = self._sandwich(i, x, h)
+                self._tap(i, x, taps_out)
+                continue
             h = self.norm(m.attn_out_norm, h) if m.attn_out_norm is not None else h
             x, delta = self._ffn(i, x, h)
             if i not in self.taps and m.per_layer is None and m.scalar is None:
@@ -654,12 +696,16 @@ class StaticTarget:
                 x = x + self.norm(pl_norm, projection(act(gate(x)) * extra[:, :, i]))
             if m.scalar is not None:
                 x = x * m.scalar
-            for slot in self.taps.get(i, ()) if taps_out is not None else ():
-                taps_out[:, :, slot * self.hidden : (slot + 1) * self.hidden].copy_(x)
+            self._tap(i, x, taps_out)
         self._scratch = {}  # the prefill's full-prompt K/V of ring layers: their tails are in the rings now
         if last_only:  # a prefill: the last row's norm only
-            x, delta = _plus(x, delta)[:, -1:], None
-        return self.adapter.logits(self.norm.add(self.final_norm, x, delta)[1])  # [1, T or 1, V]
+            x, delta, pre = _plus(x, delta)[:, -1:], None, None
+        return self.adapter.logits(pre if pre is not None else self.norm.add(self.final_norm, x, delta)[1])
+
+    def _tap(self, i: int, x, taps_out) -> None:
+        """Copy layer i's output x [1, T, H] into its slots of taps_out [1, T, K*H], if it is tapped."""
+        for slot in self.taps.get(i, ()) if taps_out is not None else ():
+            taps_out[:, :, slot * self.hidden : (slot + 1) * self.hidden].copy_(x)
 
 
 class StaticDrafter:
@@ -677,6 +723,7 @@ class StaticDrafter:
     ):
         self.d, self.fused, self.gemv = drafter, fused_ops, gemv  # as in StaticTarget
         self.silu = drafter.cfg.hidden_act == "silu"  # the kernels' fused SwiGLU
+        self.gate_act = gemv_ops.ACTS["silu"] if self.silu else 0
         self.swiglu = fused_ops and self.silu
         self.attend = BLOCK_ATTENTION[block_attention]
         w = drafter.fc.weight

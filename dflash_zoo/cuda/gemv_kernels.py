@@ -1,0 +1,112 @@
+"""The Triton kernels of gemv.py (imported on first use, so that importing gemv.py needs no triton), and the
+gated activations they and the expert kernels (moe_kernels.py) compute."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def activation(g, ACT: tl.constexpr):
+    """fp32 g -> act(g) in fp32: SiLU (ACT 1), or GELU's tanh form (ACT 3) as g sigmoid(2u), u = sqrt(2 / pi)
+    (g + 0.044715 g^3), which is 0.5 g (1 + tanh(u))."""
+    if ACT == 3:
+        return g / (1.0 + tl.exp(-1.5957691216057308 * (g + 0.044715 * g * g * g)))
+    return g / (1.0 + tl.exp(-g))
+
+
+@triton.jit
+def gemv_input(X, Gate, cols, cok, ACT: tl.constexpr):
+    """One row's input at `cols`: x, or HF's act_fn(gate) * x, the activation and the product each rounded to
+    the dtype as torch rounds them."""
+    x = tl.load(X + cols, mask=cok, other=0.0)
+    if ACT:
+        g = tl.load(Gate + cols, mask=cok, other=0.0).to(tl.float32)
+        x = (activation(g, ACT).to(x.dtype).to(tl.float32) * x.to(tl.float32)).to(x.dtype)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def gemv_part(W, X, Gate, Scale, Part, n_out, k_in, k_split, BN: tl.constexpr, BK: tl.constexpr,
+              ACT: tl.constexpr, SCALE: tl.constexpr, PREFETCH: tl.constexpr):  # fmt: skip
+    """Rows [BN] of W x over one K slice -> their fp32 partial sums. PREFETCH: each iteration issues the next
+    weight tile's load before it multiplies the current one, so two tiles are in flight per program."""
+    pn, ps = tl.program_id(0), tl.program_id(1)  # output rows, K slice
+    rows = pn * BN + tl.arange(0, BN)
+    rok = rows < n_out
+    w_rows = W + rows[:, None] * k_in
+    k_lo, k_hi = ps * k_split, ps * k_split + k_split
+    acc = tl.zeros([BN, BK], tl.float32)
+    if PREFETCH:
+        cols = k_lo + tl.arange(0, BK)
+        w = tl.load(w_rows + cols[None, :], mask=rok[:, None] & (cols < k_in)[None, :], other=0.0)
+        for k0 in range(k_lo, k_hi, BK):
+            cols = k0 + tl.arange(0, BK)
+            nxt = cols + BK
+            w_next = tl.load(w_rows + nxt[None, :], mask=rok[:, None] & ((nxt < k_in) & (nxt < k_hi))[None, :],
+                             other=0.0)  # fmt: skip
+            acc += w.to(tl.float32) * gemv_input(X, Gate, cols, cols < k_in, ACT)[None, :]
+            w = w_next
+    else:
+        for k0 in range(k_lo, k_hi, BK):
+            cols = k0 + tl.arange(0, BK)
+            cok = cols < k_in
+            w = tl.load(w_rows + cols[None, :], mask=rok[:, None] & cok[None, :], other=0.0)
+            acc += w.to(tl.float32) * gemv_input(X, Gate, cols, cok, ACT)[None, :]
+    y = tl.sum(acc, 1)
+    if SCALE:  # times sigmoid(logit), rounded to the dtype as torch's sigmoid (a shared expert's gate)
+        logit = tl.load(Scale)
+        y *= (1.0 / (1.0 + tl.exp(-logit.to(tl.float32)))).to(logit.dtype).to(tl.float32)
+    tl.store(Part + ps * n_out + rows, y, mask=rok)
+
+
+@triton.jit
+def gemm_part(W, X, Gate, Part, Bias, n_rows, n_out, k_in, k_split, x_stride, g_stride,
+              R: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ACT: tl.constexpr, DIRECT: tl.constexpr,
+              BIAS: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """A few rows (R >= 16, padded): [rows, K] x [N, K]^T over one tile of N and one slice of K, on the
+    tensor cores. DIRECT (one slice): the output itself, plus bias, in the input dtype."""
+    pn, ps = tl.program_id(0), tl.program_id(1)  # output columns, K slice
+    n = pn * BN + tl.arange(0, BN)
+    r = tl.arange(0, R)
+    nok, rok = n < n_out, r < n_rows
+    acc = tl.zeros([R, BN], tl.float32)
+    for k0 in range(ps * k_split, ps * k_split + k_split, BK):
+        cols = k0 + tl.arange(0, BK)
+        cok = cols < k_in
+        xm = rok[:, None] & cok[None, :]
+        x = tl.load(X + r[:, None] * x_stride + cols[None, :], mask=xm, other=0.0)  # [R, BK]
+        if ACT:  # as gemv_part: act(gate) * up, each op rounded to the dtype
+            g = tl.load(Gate + r[:, None] * g_stride + cols[None, :], mask=xm, other=0.0).to(tl.float32)
+            x = (activation(g, ACT).to(x.dtype).to(tl.float32) * x.to(tl.float32)).to(x.dtype)
+        w = tl.load(W + n[:, None] * k_in + cols[None, :], mask=nok[:, None] & cok[None, :], other=0.0)
+        if IEEE:  # fp32 inputs: exact products, not TF32
+            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+        else:
+            acc += tl.dot(x, tl.trans(w))  # [R, BN]
+    at = r[:, None] * n_out + n[None, :]
+    ok = rok[:, None] & nok[None, :]
+    if DIRECT:
+        if BIAS:
+            acc += tl.load(Bias + n, mask=nok, other=0.0).to(tl.float32)[None, :]
+        tl.store(Part + at, acc.to(X.dtype.element_ty), mask=ok)
+    else:
+        tl.store(Part + ps * n_rows * n_out + at, acc, mask=ok)
+
+
+@triton.jit
+def gemv_sum(Part, Bias, Out, n_out, splits, n_bias, BLOCK: tl.constexpr, S: tl.constexpr,
+             BIAS: tl.constexpr):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # flat [rows x N] outputs
+    rok = rows < n_out
+    s = tl.arange(0, S)
+    y = tl.sum(
+        tl.load(
+            Part + s[:, None] * n_out + rows[None, :],
+            mask=(s < splits)[:, None] & rok[None, :],
+            other=0.0,
+        ),
+        0,
+    )
+    if BIAS:
+        y += tl.load(Bias + rows % n_bias, mask=rok, other=0.0).to(tl.float32)
+    tl.store(Out + rows, y.to(Out.dtype.element_ty), mask=rok)

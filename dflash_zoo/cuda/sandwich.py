@@ -1,0 +1,158 @@
+"""One kernel for each residual add of a sandwich-norm decoder layer (Gemma 4), where a sublayer's output is
+normed before it joins the residual, and for the norms that then read the new residual.
+
+Why: on the Gemma 4 26B-A4B shape a one-row step ran ~68 kernels a layer, most of them one-row norms, adds and
+sums of a few KB each (docs/performance.md). Around the attention sublayer this kernel replaces the o GEMV's
+sum, the output norm, the residual add and the MLP's input norms (the dense MLP's, the experts', the router's);
+around the MLP the sums of the dense and routed outputs, their two norms, their sum, the outer norm, the
+residual add, the layer scalar and the next layer's input norm: x -> (x + norm_o(norm_1(d1) + norm_2(d2))) * s,
+then norm_j(x) for up to three weights. Each op is rounded to the dtype where transformers rounds it (each
+norm's output, the sum of the two branches, the residual add, the scalar product), all norms in the declared
+fp32-weight formula; the last output may instead take Llama's (the norm rounded, times the weight, rounded)
+and a constant after it (Gemma 4's router input: a weightless norm times its scale times H^-1/2).
+
+A torch custom op (captured by CUDA graphs, opaque to torch.compile), on CUDA or under Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from dflash_zoo.cuda.kernels import _pow2
+
+
+@functools.cache
+def _kernels():
+    from dflash_zoo.cuda import sandwich_kernels  # triton on first use only
+
+    return sandwich_kernels.sandwich_add
+
+
+def _delta(d: torch.Tensor | None, like: torch.Tensor, parts: bool) -> tuple[torch.Tensor, int]:
+    """(a sublayer output laid out for the kernel, its slice count): [rows, n] like x, or fp32 sums [s, rows, n]."""
+    if d is None:
+        return like, 0
+    if parts:
+        if d.dim() != 3 or d[0].numel() != like.numel():
+            raise ValueError(f"partial sums {list(d.shape)} are not of rows like {list(like.shape)}")
+        return d.contiguous(), d.shape[0]
+    if d.shape != like.shape:
+        raise ValueError(
+            f"a sublayer output {list(d.shape)} is not shaped like the residual {list(like.shape)}"
+        )
+    return d.contiguous(), 1
+
+
+@torch.library.custom_op("dflash_zoo::sandwich_add", mutates_args=())
+def sandwich_add(
+    x: torch.Tensor,
+    d1: torch.Tensor,
+    w1: torch.Tensor,
+    norms: list[torch.Tensor],
+    eps: float,
+    fp32_weight: bool = True,
+    offset: float = 0.0,
+    parts1: bool = False,
+    d2: torch.Tensor | None = None,
+    w2: torch.Tensor | None = None,
+    parts2: bool = False,
+    outer: torch.Tensor | None = None,
+    scalar: torch.Tensor | None = None,
+    last_llama: bool = False,
+    post: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., n] (the residual) -> (x + outer_norm(norm_w1(d1) + norm_w2(d2))) * scalar, and its RMSNorm with
+    each weight of `norms` (at most three) stacked [len(norms), ..., n]. d1, d2: sublayer outputs like x, or with
+    `parts1` / `parts2` fp32 partial sums [splits, rows, n] (`gemv.gemv_parts`, the expert kernels' weighted
+    slices) summed in order; d2 (with w2), `outer` and `scalar` ([1]) are optional. `last_llama`: the last of
+    `norms` in Llama's formula, then times `post`."""
+    if not 0 <= len(norms) <= 3 or (last_llama and not norms):
+        raise ValueError(f"{len(norms)} output norms: up to three (one at least with last_llama)")
+    if (d2 is None) != (w2 is None):
+        raise ValueError("a second branch takes its norm weight")
+    x = x.contiguous()
+    n, rows = x.shape[-1], x.numel() // x.shape[-1]
+    (a, s1), (b, s2) = _delta(d1, x, parts1), _delta(d2, x, parts2)
+    total = torch.empty_like(x)
+    y = x.new_empty(len(norms), *x.shape)
+    ws = [w.contiguous() for w in norms] + [w1] * (3 - len(norms))
+    d = _pow2(n)
+    _kernels()[(rows,)](
+        x, a, w1.contiguous(), b, w2 if w2 is not None else w1, outer if outer is not None else w1,
+        scalar if scalar is not None else x, *ws, total, y, rows, n, s1, s2, eps, offset, post, D=d,
+        FP32_WEIGHT=fp32_weight, PARTS1=parts1, PARTS2=parts2, TWO=d2 is not None, OUTER=outer is not None,
+        SCALAR=scalar is not None, NORMS=len(norms), LAST_LLAMA=last_llama, num_warps=4 if d <= 2048 else 8,
+    )  # fmt: skip
+    return total, y
+
+
+@sandwich_add.register_fake
+def _(x, d1, w1, norms, eps, fp32_weight=True, offset=0.0, parts1=False, d2=None, w2=None, parts2=False,
+      outer=None, scalar=None, last_llama=False, post=1.0):  # fmt: skip
+    return torch.empty_like(x), x.new_empty(len(norms), *x.shape)
+
+
+# ---- a sandwich layer's residual adds in the static target (static.py) ------------------------------------------
+def runs(target: Any, i: int) -> bool:
+    """Whether layer i of a `StaticTarget` runs its residual adds through `sandwich_add` (`after_attention`,
+    `after_mlp`): the kernels are on, its sublayer outputs are normed (sandwich norms), no per-layer input sits
+    between the MLP and the next layer, and every norm involved (the next layer's input norm too) has a weight
+    of the step's dtype and the model's epsilon; a parallel MoE branch needs its router's declared parts."""
+    m, norm = target.layers[i], target.norm
+    if not norm.kernel or m.attn_out_norm is None or m.mlp_out_norm is None or m.per_layer is not None:
+        return False
+    nxt = target.layers[i + 1].input_norm if i + 1 < len(target.layers) else target.final_norm
+    mods = [m.attn_out_norm, m.post_norm, m.mlp_out_norm, nxt]
+    if m.moe_branch is not None:
+        if m.branch_routing is None or m.branch_routing.eps != norm.eps or not target.moe_rows:
+            return False
+        mods += list(m.moe_branch[2:])  # the dense output's, the experts' input and output norms
+    eps = [getattr(n, "variance_epsilon", getattr(n, "eps", None)) for n in mods]
+    return all(norm.fuses(n, target.dtype) for n in mods) and all(e == norm.eps for e in eps)
+
+
+def _as_delta(out: Any, like: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(a sublayer's output for the kernel, whether it is partial sums): `Parts` without a bias or a second
+    group as their sums, anything else as a tensor shaped like the residual."""
+    from dflash_zoo.cuda.static import Parts, _summed
+
+    if isinstance(out, Parts) and out.bias is None and out.more is None:
+        return out.sums, True
+    return _summed(out, like).reshape(like.shape), False
+
+
+def after_attention(target: Any, i: int, x: torch.Tensor, h: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Residual x [1, T, H] plus the attention output h normed -> (that sum, [the MLP's input; with a parallel
+    branch also the experts' input and the router's input]), each [1, T, H]."""
+    m, norm = target.layers[i], target.norm
+    weights = [m.post_norm.weight]
+    r = m.branch_routing
+    if m.moe_branch is not None:  # the experts' input norm, and the router's input: a weightless norm x scales
+        weights += [m.moe_branch[3].weight, r.scale]
+    d, parts = _as_delta(h, x)
+    x, normed = sandwich_add(
+        x, d, m.attn_out_norm.weight, weights, norm.eps, norm.fp32, norm.offset, parts,
+        last_llama=m.moe_branch is not None, post=r.root if r is not None else 1.0,
+    )  # fmt: skip
+    return x, list(normed)
+
+
+def after_mlp(target: Any, i: int, x: torch.Tensor, dense: Any, routed: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual x [1, T, H] plus the MLP's outputs (the dense one; `routed` the parallel experts', or None),
+    normed and summed as the layer declares, times the layer scalar -> (the layer's output, the next layer's
+    input norm of it (the final norm after the last layer))."""
+    m, norm = target.layers[i], target.norm
+    nxt = target.layers[i + 1].input_norm if i + 1 < len(target.layers) else target.final_norm
+    d1, parts1 = _as_delta(dense, x)
+    branch = {}
+    if routed is not None:  # norm_o(norm_1(dense) + norm_2(experts))
+        d2, parts2 = _as_delta(routed, x)
+        branch = dict(d2=d2, w2=m.moe_branch[4].weight, parts2=parts2, outer=m.mlp_out_norm.weight)
+    w1 = m.moe_branch[2].weight if routed is not None else m.mlp_out_norm.weight
+    x, normed = sandwich_add(
+        x, d1, w1, [nxt.weight], norm.eps, norm.fp32, norm.offset, parts1, scalar=m.scalar, **branch
+    )  # fmt: skip
+    return x, normed[0]

@@ -1,0 +1,60 @@
+"""The Triton kernel of sandwich.py (imported on first use, so that importing sandwich.py needs no triton)."""
+
+import triton
+import triton.language as tl
+
+from dflash_zoo.cuda.fused_kernels import slices_sum
+
+
+@triton.jit
+def delta_row(P, row, rows, n, d, ok, splits, PARTS: tl.constexpr):
+    """A sublayer's output row in fp32: its GEMV's partial sums [splits, rows, n] added in order, or the row
+    of a [rows, n] tensor."""
+    if PARTS:
+        return slices_sum(P, row * n + d, ok, splits, rows * n)
+    return tl.load(P + row * n + d, mask=ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def norm(v, W, n, d, ok, eps, offset, dtype, FP32_WEIGHT: tl.constexpr):
+    """RMSNorm of fp32 values v [D] (already of the dtype) with weight W, rounded to the dtype."""
+    r = 1.0 / tl.sqrt(tl.sum(v * v, 0) / n + eps)
+    w = tl.load(W + d, mask=ok, other=0.0).to(tl.float32)
+    if FP32_WEIGHT:
+        return (v * r * (w + offset)).to(dtype)
+    return ((v * r).to(dtype).to(tl.float32) * w).to(dtype)
+
+
+@triton.jit
+def sandwich_add(X, D1, W1, D2, W2, WO, Sc, N1, N2, N3, S, Y, rows, n, s1, s2, eps, offset, post,
+                 D: tl.constexpr, FP32_WEIGHT: tl.constexpr, PARTS1: tl.constexpr, PARTS2: tl.constexpr,
+                 TWO: tl.constexpr, OUTER: tl.constexpr, SCALAR: tl.constexpr, NORMS: tl.constexpr,
+                 LAST_LLAMA: tl.constexpr):  # fmt: skip
+    row, d = tl.program_id(0), tl.arange(0, D)
+    ok = d < n
+    x = tl.load(X + row * n + d, mask=ok, other=0.0)
+    dt = x.dtype
+    a = delta_row(D1, row, rows, n, d, ok, s1, PARTS1).to(dt).to(tl.float32)  # the sublayer's output, rounded
+    a = norm(a, W1, n, d, ok, eps, offset, dt, FP32_WEIGHT).to(tl.float32)
+    if TWO:  # a second branch beside it, normed on its own, then the two summed (rounded)
+        b = delta_row(D2, row, rows, n, d, ok, s2, PARTS2).to(dt).to(tl.float32)
+        b = norm(b, W2, n, d, ok, eps, offset, dt, FP32_WEIGHT).to(tl.float32)
+        a = (a + b).to(dt).to(tl.float32)
+    if OUTER:
+        a = norm(a, WO, n, d, ok, eps, offset, dt, FP32_WEIGHT).to(tl.float32)
+    xf = (x.to(tl.float32) + a).to(dt).to(tl.float32)
+    if SCALAR:
+        xf = (xf * tl.load(Sc).to(tl.float32)).to(dt).to(tl.float32)
+    tl.store(S + row * n + d, xf.to(dt), mask=ok)
+    for j in tl.static_range(NORMS):
+        if j == 0:
+            W = N1
+        elif j == 1:
+            W = N2
+        else:
+            W = N3
+        if LAST_LLAMA and j == NORMS - 1:  # Llama's formula, then a constant (rounded)
+            y = (norm(xf, W, n, d, ok, eps, 0.0, dt, False).to(tl.float32) * post).to(dt)
+        else:
+            y = norm(xf, W, n, d, ok, eps, offset, dt, FP32_WEIGHT)
+        tl.store(Y + (j * rows + row) * n + d, y, mask=ok)
