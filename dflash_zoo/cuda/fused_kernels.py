@@ -6,12 +6,12 @@ import triton.language as tl
 
 
 @triton.jit
-def slices_sum(P, at, mask, splits, plane):
+def slices_sum(P, at, mask, splits, plane, U: tl.constexpr = 4):
     """fp32 partial sums at offsets `at` of `splits` slices `plane` elements apart (a split-K GEMV's
-    [splits, rows, n]), added in order; four slices' loads in flight at once (unrolled)."""
+    [splits, rows, n]), added in order; U slices' loads in flight at once (unrolled)."""
     acc = tl.zeros(at.shape, tl.float32)
-    for s0 in range(0, splits, 4):
-        for s1 in tl.static_range(4):
+    for s0 in range(0, splits, U):
+        for s1 in tl.static_range(U):
             acc += tl.load(P + (s0 + s1) * plane + at, mask=mask & (at * 0 + s0 + s1 < splits), other=0.0)
     return acc
 

@@ -84,7 +84,7 @@ def sandwich_add(
         x, a, w1.contiguous(), b, w2 if w2 is not None else w1, outer if outer is not None else w1,
         scalar if scalar is not None else x, *ws, total, y, rows, n, s1, s2, eps, offset, post, D=d,
         FP32_WEIGHT=fp32_weight, PARTS1=parts1, PARTS2=parts2, TWO=d2 is not None, OUTER=outer is not None,
-        SCALAR=scalar is not None, NORMS=len(norms), LAST_LLAMA=last_llama, num_warps=4 if d <= 2048 else 8,
+        SCALAR=scalar is not None, NORMS=len(norms), LAST_LLAMA=last_llama, num_warps=4 if d <= 1024 else 8 if d <= 2048 else 16,
     )  # fmt: skip
     return total, y
 
