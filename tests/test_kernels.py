@@ -213,6 +213,28 @@ def test_gemv_rounds_the_fused_input_as_torch_does(interpret, act):
         gemv.gemv(x, w, None, gate, 2)
 
 
+@pytest.mark.parametrize("config", [gemv.GEMV_CONFIGS[0], gemv.GEMV_CONFIGS[-1]], ids=str)
+def test_gemv_reads_a_gate_up_gemv_s_partial_sums(interpret, config):
+    """The down GEMV's input given as the fp32 partial sums of the gate/up GEMV that made it (three slices of
+    [1, 2K], gate and up halves as strided views): the same output and partial sums as from their sums rounded
+    to the dtype (what `gemv` returns), with and without prefetch; cuBLAS sums them first."""
+    gen = torch.Generator().manual_seed(13)
+    k, n = 160, 48
+    sums = torch.randn(3, 1, 2 * k, generator=gen)
+    gate, up = sums[..., :k], sums[..., k:]
+    w = torch.randn(n, k, generator=gen).half()
+    g16, u16 = (y.sum(0).half() for y in (gate, up))
+    want = gemv._gemv_launch(u16, w, None, g16, config)
+    got = gemv._gemv_launch(up, w, None, gate, config, in_parts=True)
+    assert got.shape == (1, n) and got.dtype == torch.float16 and torch.equal(got, want)
+    parts = gemv._gemv_parts(up, w, gate, config, in_parts=True)
+    assert torch.equal(parts, gemv._gemv_parts(u16, w, g16, config))
+    torch.testing.assert_close(gemv._gemv_launch(up, w, None, gate, gemv.CUBLAS, in_parts=True), want, atol=0.02, rtol=2e-3)
+    assert torch.equal(gemv.gemv(up, w, None, gate, 1, True), gemv.gemv(u16, w, None, g16))
+    with pytest.raises(ValueError, match="partial sums as input"):
+        gemv.gemv(up.half(), w, None, gate, 1, True)
+
+
 def _rope_reference(qkv, q_w, k_w, cos, sin, positions, k_cache, v_cache, heads, eps):
     """`rope_store` as the static path's torch ops: norm (weight * rms_norm), rotary, index copies."""
     t, (kvh, _, hd) = qkv.shape[0], k_cache.shape
@@ -492,9 +514,9 @@ def test_add_rms_norm_is_the_add_then_the_norm(interpret, dtype, formula):
     row, k = x[:, :1], 300
     inp, bias = torch.randn(1, 1, k, generator=gen).to(dtype), torch.randn(n, generator=gen).to(dtype)
     wd = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
-    parts = gemv._gemv_parts(inp, wd, None, (8, 128, 4, 4))  # several K slices
+    parts = gemv._gemv_parts(inp, wd, None, (8, 128, 4, 4, 1))  # several K slices
     assert parts.shape[0] > 1
-    out = gemv._gemv_launch(inp, wd, bias, None, (8, 128, 4, 4))
+    out = gemv._gemv_launch(inp, wd, bias, None, (8, 128, 4, 4, 1))
     total, y = fused_ops.add_rms_norm(row, parts, w, 1e-6, fp32, offset, parts=True, bias=bias)
     torch.testing.assert_close(total, row + out, atol=tol, rtol=tol)
     torch.testing.assert_close(y, fused_ops.rms_norm(row + out, w, 1e-6, fp32, offset), atol=tol, rtol=tol)
@@ -511,7 +533,7 @@ def test_scaled_parts_add_beside_the_first_group(interpret):  # noqa: F811
     inp, gate = torch.randn(1, 1, k, generator=gen), torch.randn(1, 1, k, generator=gen)
     wa, wb = (torch.randn(n, k, generator=gen) / k**0.5 for _ in range(2))
     logit = torch.tensor([[-0.7]])
-    first = gemv._gemv_parts(inp, wa, None, (8, 128, 4, 4))
+    first = gemv._gemv_parts(inp, wa, None, (8, 128, 4, 4, 1))
     second = gemv.gemv_parts(inp, wb, gate, logit)
     want = inp @ wa.T + torch.sigmoid(logit) * ((F.silu(gate) * inp) @ wb.T)
     total, y = fused_ops.add_rms_norm(row, first, w, 1e-6, parts=True, more=second)
@@ -685,7 +707,7 @@ def test_gemv_bf16_on_cuda_is_tuned_and_close():
         inp = F.silu(gate) * x
         ref = F.linear(inp.float(), w.float())
         out = gemv.gemv(x, w, None, gate)
-        config = gemv._tuned[((n, k), torch.bfloat16, True, False, rows, x.device)]
+        config = gemv._tuned[((n, k), torch.bfloat16, 1, False, rows, x.device, False)]
         assert torch.equal(out, gemv._gemv_launch(inp, w, None, None, config))  # same tiles, same sums
         assert (out.float() - ref).abs().max() <= (F.linear(inp, w).float() - ref).abs().max() + 2**-6
 
@@ -761,7 +783,7 @@ def test_add_rms_norm_and_gemv_parts_bf16_on_cuda():
     wd = (torch.randn(n, k, generator=gen, device="cuda") / k**0.5).bfloat16()
     parts = gemv.gemv_parts(up, wd, gate)
     total, y = fused_ops.add_rms_norm(row, parts, w, 1e-6, parts=True)
-    ref = row + gemv._gemv_launch(up, wd, None, gate, gemv._tuned[((n, k), torch.bfloat16, True, True, 1, row.device)])
+    ref = row + gemv._gemv_launch(up, wd, None, gate, gemv._tuned[((n, k), torch.bfloat16, 1, True, 1, row.device, False)])
     assert ((total.float() - ref.float()).abs() <= 2**-7 * ref.float().abs() + 1e-6).all()
 
 

@@ -95,6 +95,12 @@ def test_routing_kernel_equals_the_router(interpret, model_type, rows):  # noqa:
     torch.testing.assert_close(scaled, renormed * scale[si].float())
     with pytest.raises(ValueError, match="expert scales"):
         moe.route(logits, 2, "softmax_topk", True, scale[:-1])
+    sums = torch.randn(3, *logits.shape, generator=torch.Generator().manual_seed(4))  # a GEMV's partial sums
+    from_parts = moe.route(sums, p.routing.top_k, "softmax_topk", True, scale, parts=True)
+    from_sum = moe.route(sums.sum(0).to(scale.dtype), p.routing.top_k, "softmax_topk", True, scale)
+    assert torch.equal(from_parts[1], from_sum[1]) and torch.equal(from_parts[0], from_sum[0])
+    with pytest.raises(ValueError, match="go with expert scales"):
+        moe.route(sums, 2, "softmax_topk", True, parts=True)
 
 
 def test_routing_picks_the_top_k_in_order_and_breaks_ties_low(interpret):  # noqa: F811

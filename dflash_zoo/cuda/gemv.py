@@ -85,21 +85,24 @@ def _split(n: int, k: int, rows_per_block: int, bk: int, per_sm: int, x) -> tupl
     return blocks, -(-k // k_split), k_split
 
 
-def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False, scale=None, act: int = 1) -> torch.Tensor:
+def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False, scale=None, act: int = 1,
+                in_parts: bool = False) -> torch.Tensor:  # fmt: skip
     """fp32 partial sums [splits, rows, N] of x [..., K] (rows = all leading sizes, at most ROWS) times weight
     [N, K]^T over slices of K; with `direct` and one slice, the output [rows, N] itself (bias added). `scale`
-    (one row only): a logit whose sigmoid multiplies the sums. With `gate`, the input is act(gate) * x (`ACTS`)."""
+    (one row only): a logit whose sigmoid multiplies the sums. With `gate`, the input is act(gate) * x (`ACTS`).
+    `in_parts`: x (and gate) are one row's fp32 partial sums [S, 1, K] (`_in_parts`)."""
     act = act if gate is not None else 0
     n, k = weight.shape
-    rows = x.numel() // x.shape[-1]
+    rows = 1 if in_parts else x.numel() // x.shape[-1]
     bn, bk, per_sm, warps = config[:4]
     blocks, splits, k_split = _split(n, k, bn, bk, per_sm, x)
     g = gate if gate is not None else x
     if rows == 1:
         part = torch.empty(splits, 1, n, device=x.device, dtype=torch.float32)
+        in_splits, in_plane = (x.shape[0], x.stride(0)) if in_parts else (1, 0)
         _kernels()[0][(blocks, splits)](
-            weight, x, g, scale if scale is not None else x, part, n, k, k_split, BN=bn, BK=bk,
-            ACT=act, SCALE=scale is not None, PREFETCH=bool(config[4]), num_warps=warps,
+            weight, x, g, scale if scale is not None else x, part, n, k, k_split, in_splits, in_plane, BN=bn, BK=bk,
+            ACT=act, SCALE=scale is not None, PREFETCH=bool(config[4]), IN_PARTS=in_parts, num_warps=warps,
         )  # fmt: skip
         return part
     if scale is not None:
@@ -115,15 +118,20 @@ def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False, scale=
     return part
 
 
-def _gemv_launch(x, weight, bias, gate, config, act: int = 1) -> torch.Tensor:
+def _gemv_launch(x, weight, bias, gate, config, act: int = 1, in_parts: bool = False) -> torch.Tensor:
+    if in_parts:  # the row the partial sums make, as `gemv` would have returned it
+        shape = (1, weight.shape[0])
+        if config is CUBLAS:
+            x, gate = (None if y is None else y.sum(0).to(weight.dtype) for y in (x, gate))
+    else:
+        shape = (*x.shape[:-1], weight.shape[0])
     if config is CUBLAS:
-        return F.linear(x if gate is None else ACT_OPS[act](gate) * x, weight, bias)
-    shape = (*x.shape[:-1], weight.shape[0])
-    part = _gemv_parts(x, weight, gate, config, bias, direct=True, act=act)
+        return F.linear(x if gate is None else ACT_OPS[act](gate) * x, weight, bias).view(shape)
+    part = _gemv_parts(x, weight, gate, config, bias, direct=True, act=act, in_parts=in_parts)
     if part.dtype == x.dtype and part.dim() == 2:  # one K slice: the kernel wrote the output
         return part.view(shape)
     splits, n = part.shape[0], part[0].numel()
-    out = torch.empty(shape, device=x.device, dtype=x.dtype)
+    out = torch.empty(shape, device=x.device, dtype=weight.dtype if in_parts else x.dtype)
     b = bias if bias is not None else part
     _kernels()[1][(-(-n // 256),)](
         part, b, out, n, splits, weight.shape[0], BLOCK=256, S=_pow2(splits, 1), BIAS=bias is not None
@@ -146,23 +154,24 @@ def _graph_ms(fn, reps: int = 10) -> float:
     return start.elapsed_time(end) / reps
 
 
-def _gemv_config(x, weight, gate, parts: bool = False, act: int = 1) -> tuple[int, ...] | None:
+def _gemv_config(x, weight, gate, parts: bool = False, act: int = 1, in_parts: bool = False) -> tuple[int, ...] | None:
     """The fastest kernel config for this shape and row count, and cuBLAS too unless `parts` (partial sums
     wanted), timed once on CUDA (the first config under the interpreter).
 
     Each timed call follows a write of 128 MB (over twice an H200's L2), so that the weight comes from HBM as
     in a real step.
     """
-    rows = x.numel() // x.shape[-1]
+    rows = 1 if in_parts else x.numel() // x.shape[-1]
     configs = GEMV_CONFIGS if rows == 1 else GEMM_CONFIGS
-    key = (tuple(weight.shape), weight.dtype, act if gate is not None else 0, parts, rows, x.device)
+    key = (tuple(weight.shape), weight.dtype, act if gate is not None else 0, parts, rows, x.device, in_parts)
     if key in _tuned:
         return _tuned[key]
     if not x.is_cuda or torch.cuda.is_current_stream_capturing():
         return configs[0]  # nothing timed while a graph is captured (steps are warmed before capture)
     flush = torch.empty(2**25, device=x.device, dtype=torch.float32)
     base = _graph_ms(flush.zero_)
-    run = functools.partial(_gemv_parts, act=act) if parts else functools.partial(_gemv_launch, bias=None, act=act)
+    extra = dict(act=act, in_parts=in_parts)
+    run = functools.partial(_gemv_parts, **extra) if parts else functools.partial(_gemv_launch, bias=None, **extra)
     candidates = configs if parts else [*configs, CUBLAS]
     times = {
         c: _graph_ms(lambda c=c: (flush.zero_(), run(x, weight, gate=gate, config=c))) - base for c in candidates
@@ -177,19 +186,29 @@ def _gemv_config(x, weight, gate, parts: bool = False, act: int = 1) -> tuple[in
 def tuned_configs() -> dict[str, list[int] | str]:
     """The configs timed so far, by rows, K and N ("1x12288->4096+silu"), for bench records."""
     return {
-        f"{rows}x{k}->{n}{ACT_NAMES[act]}{'+parts' if parts else ''}": "cublas" if c is CUBLAS else list(c)
-        for ((n, k), _, act, parts, rows, _), c in _tuned.items()
+        f"{rows}x{k}->{n}{ACT_NAMES[act]}{'+in_parts' if in_parts else ''}{'+parts' if parts else ''}":
+        "cublas" if c is CUBLAS else list(c)
+        for ((n, k), _, act, parts, rows, _, in_parts), c in _tuned.items()
     }
 
 
 @torch.library.custom_op("dflash_zoo::gemv", mutates_args=())
 def gemv(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gate: torch.Tensor | None, act: int = 1
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    gate: torch.Tensor | None,
+    act: int = 1,
+    in_parts: bool = False,
 ) -> torch.Tensor:
     """A few rows x [..., K] -> x @ weight [N, K]^T (+ bias) [..., N]; with `gate` [..., K], the input is
     act(gate) * x (a gated MLP's down projection; `act` of `ACTS`). One row: the split-K GEMV; 2..ROWS rows: the
-    split-K tensor-core kernel; either where it was timed faster than cuBLAS for the shape; more rows: cuBLAS."""
+    split-K tensor-core kernel; either where it was timed faster than cuBLAS for the shape; more rows: cuBLAS.
+    `in_parts`: x and gate are one row's fp32 partial sums [S, 1, K] (`_in_parts`); the output is [1, N]."""
     _check_act(act)
+    if in_parts:
+        _in_parts(x, gate)
+        return _gemv_launch(x, weight, bias, gate, _gemv_config(x, weight, gate, act=act, in_parts=True), act, True)
     if x.numel() // x.shape[-1] > ROWS:
         return _gemv_launch(x, weight, bias, gate, CUBLAS, act)
     x, weight, gate = _few_rows(x, weight, gate)
@@ -197,26 +216,44 @@ def gemv(
 
 
 @gemv.register_fake
-def _(x, weight, bias, gate, act=1):
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
+def _(x, weight, bias, gate, act=1, in_parts=False):
+    return weight.new_empty(1, weight.shape[0]) if in_parts else x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 @torch.library.custom_op("dflash_zoo::gemv_parts", mutates_args=())
 def gemv_parts(
-    x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, scale: torch.Tensor | None = None, act: int = 1
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    gate: torch.Tensor | None,
+    scale: torch.Tensor | None = None,
+    act: int = 1,
+    in_parts: bool = False,
 ) -> torch.Tensor:
     """`gemv` without its last kernel: fp32 partial sums [splits, rows, N] whose in-order sum is the output
     (before bias and rounding); `fused_ops.add_rms_norm` sums them into the residual. For one row, `scale` (a
     one-element logit) multiplies them by its sigmoid, rounded as torch's: a gated shared expert's output."""
     _check_act(act)
-    x, weight, gate = _few_rows(x, weight, gate)
-    return _gemv_parts(x, weight, gate, _gemv_config(x, weight, gate, True, act), scale=scale, act=act)
+    if in_parts:
+        _in_parts(x, gate)
+    else:
+        x, weight, gate = _few_rows(x, weight, gate)
+    config = _gemv_config(x, weight, gate, True, act, in_parts)
+    return _gemv_parts(x, weight, gate, config, scale=scale, act=act, in_parts=in_parts)
 
 
 @gemv_parts.register_fake
-def _(x, weight, gate, scale=None, act=1):
+def _(x, weight, gate, scale=None, act=1, in_parts=False):
     # not traceable: the slice count is tuned at run time (the static path never compiles it, `static.py`)
     raise NotImplementedError("gemv_parts has no fixed output shape to trace")
+
+
+def _in_parts(x: torch.Tensor, gate: torch.Tensor | None) -> None:
+    """Partial sums as an input: one row's fp32 slices [S, 1, K], each row contiguous, gate laid out as x (views
+    of one GEMV's [S, 1, 2K] sums, say)."""
+    if x.dim() != 3 or x.shape[1] != 1 or x.dtype != torch.float32 or x.stride(-1) != 1:
+        raise ValueError(f"partial sums as input: fp32 [slices, 1, K] rows, not {x.dtype} {list(x.shape)}")
+    if gate is not None and (gate.shape != x.shape or gate.stride() != x.stride()):
+        raise ValueError("the gate's partial sums are laid out as the input's")
 
 
 def _check_act(act: int) -> None:

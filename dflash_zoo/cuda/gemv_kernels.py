@@ -4,6 +4,8 @@ gated activations they and the expert kernels (moe_kernels.py) compute."""
 import triton
 import triton.language as tl
 
+from dflash_zoo.cuda.fused_kernels import slices_sum
+
 
 @triton.jit
 def activation(g, ACT: tl.constexpr):
@@ -15,19 +17,27 @@ def activation(g, ACT: tl.constexpr):
 
 
 @triton.jit
-def gemv_input(X, Gate, cols, cok, ACT: tl.constexpr):
+def gemv_input(X, Gate, cols, cok, in_splits, in_plane, dtype, ACT: tl.constexpr, IN_PARTS: tl.constexpr):
     """One row's input at `cols`: x, or HF's act_fn(gate) * x, the activation and the product each rounded to
-    the dtype as torch rounds them."""
-    x = tl.load(X + cols, mask=cok, other=0.0)
+    the dtype as torch rounds them. IN_PARTS: x and gate are the fp32 partial sums of the GEMV that made them
+    ([in_splits, 1, K] slices `in_plane` apart), each summed in order and rounded to the dtype first."""
+    if IN_PARTS:
+        x = slices_sum(X, cols, cok, in_splits, in_plane).to(dtype)
+    else:
+        x = tl.load(X + cols, mask=cok, other=0.0)
     if ACT:
-        g = tl.load(Gate + cols, mask=cok, other=0.0).to(tl.float32)
+        if IN_PARTS:
+            g = slices_sum(Gate, cols, cok, in_splits, in_plane).to(dtype).to(tl.float32)
+        else:
+            g = tl.load(Gate + cols, mask=cok, other=0.0).to(tl.float32)
         x = (activation(g, ACT).to(x.dtype).to(tl.float32) * x.to(tl.float32)).to(x.dtype)
     return x.to(tl.float32)
 
 
 @triton.jit
-def gemv_part(W, X, Gate, Scale, Part, n_out, k_in, k_split, BN: tl.constexpr, BK: tl.constexpr,
-              ACT: tl.constexpr, SCALE: tl.constexpr, PREFETCH: tl.constexpr):  # fmt: skip
+def gemv_part(W, X, Gate, Scale, Part, n_out, k_in, k_split, in_splits, in_plane, BN: tl.constexpr,
+              BK: tl.constexpr, ACT: tl.constexpr, SCALE: tl.constexpr, PREFETCH: tl.constexpr,
+              IN_PARTS: tl.constexpr):  # fmt: skip
     """Rows [BN] of W x over one K slice -> their fp32 partial sums. PREFETCH: each iteration issues the next
     weight tile's load before it multiplies the current one, so two tiles are in flight per program."""
     pn, ps = tl.program_id(0), tl.program_id(1)  # output rows, K slice
@@ -44,14 +54,16 @@ def gemv_part(W, X, Gate, Scale, Part, n_out, k_in, k_split, BN: tl.constexpr, B
             nxt = cols + BK
             w_next = tl.load(w_rows + nxt[None, :], mask=rok[:, None] & ((nxt < k_in) & (nxt < k_hi))[None, :],
                              other=0.0)  # fmt: skip
-            acc += w.to(tl.float32) * gemv_input(X, Gate, cols, cols < k_in, ACT)[None, :]
+            x = gemv_input(X, Gate, cols, cols < k_in, in_splits, in_plane, W.dtype.element_ty, ACT, IN_PARTS)
+            acc += w.to(tl.float32) * x[None, :]
             w = w_next
     else:
         for k0 in range(k_lo, k_hi, BK):
             cols = k0 + tl.arange(0, BK)
             cok = cols < k_in
             w = tl.load(w_rows + cols[None, :], mask=rok[:, None] & cok[None, :], other=0.0)
-            acc += w.to(tl.float32) * gemv_input(X, Gate, cols, cok, ACT)[None, :]
+            x = gemv_input(X, Gate, cols, cok, in_splits, in_plane, W.dtype.element_ty, ACT, IN_PARTS)
+            acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, 1)
     if SCALE:  # times sigmoid(logit), rounded to the dtype as torch's sigmoid (a shared expert's gate)
         logit = tl.load(Scale)

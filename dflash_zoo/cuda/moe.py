@@ -101,14 +101,23 @@ def _kernels():
 
 @torch.library.custom_op("dflash_zoo::route", mutates_args=())
 def route(
-    logits: torch.Tensor, top_k: int, rule: str, renormalize: bool, expert_scale: torch.Tensor | None = None
+    logits: torch.Tensor,
+    top_k: int,
+    rule: str,
+    renormalize: bool,
+    expert_scale: torch.Tensor | None = None,
+    parts: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits [N, E] -> (top-k weights [N, k] in the logits' dtype, expert ids [N, k], int64), by
     `Routing.rule`: "softmax_topk" or "topk_softmax". With `expert_scale` [E] the weights are then multiplied
-    by their experts' scales and stay fp32 (Gemma 4's router)."""
+    by their experts' scales and stay fp32 (Gemma 4's router); then `parts` may give the logits as their GEMV's
+    fp32 partial sums [splits, N, E] (`gemv.gemv_parts`), added and rounded to the scales' dtype first."""
     if rule not in ("softmax_topk", "topk_softmax"):
         raise ValueError(f"unknown routing rule {rule!r}")
-    n, e = logits.shape
+    if parts and (expert_scale is None or logits.dim() != 3):
+        raise ValueError("partial sums [splits, N, E] of the logits go with expert scales")
+    splits = logits.shape[0] if parts else 1
+    n, e = logits.shape[-2:]
     if not 0 < top_k <= e:
         raise ValueError(f"top_k {top_k} of {e} experts")
     if expert_scale is not None and expert_scale.shape != (e,):
@@ -117,17 +126,17 @@ def route(
     index = torch.empty(n, top_k, device=logits.device, dtype=torch.long)
     scale = expert_scale.contiguous() if expert_scale is not None else logits
     _kernels()[1][(n,)](
-        logits.contiguous(), scale, weights, index, e, top_k, E=_pow2(e), KP=_pow2(top_k),
-        SOFTMAX_FIRST=rule == "softmax_topk", RENORM=renormalize, SCALED=expert_scale is not None,
+        logits.contiguous(), scale, weights, index, e, top_k, splits, E=_pow2(e), KP=_pow2(top_k),
+        SOFTMAX_FIRST=rule == "softmax_topk", RENORM=renormalize, SCALED=expert_scale is not None, PARTS=parts,
         num_warps=1 if e <= 256 else 4,
     )  # fmt: skip
     return weights, index
 
 
 @route.register_fake
-def _(logits, top_k, rule, renormalize, expert_scale=None):
-    dtype = torch.float32 if expert_scale is not None else logits.dtype
-    return logits.new_empty(logits.shape[0], top_k, dtype=dtype), logits.new_empty(logits.shape[0], top_k, dtype=torch.long)
+def _(logits, top_k, rule, renormalize, expert_scale=None, parts=False):
+    n, dtype = logits.shape[-2], torch.float32 if expert_scale is not None else logits.dtype
+    return logits.new_empty(n, top_k, dtype=dtype), logits.new_empty(n, top_k, dtype=torch.long)
 
 
 def _launch(x, weight, bias, experts, transposed, act, limit, alpha, routing, top_k, config) -> torch.Tensor:

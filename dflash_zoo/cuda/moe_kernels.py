@@ -4,6 +4,7 @@ rule, the one-token expert GEMV and the several-token grouped expert kernel, whi
 import triton
 import triton.language as tl
 
+from dflash_zoo.cuda.fused_kernels import slices_sum
 from dflash_zoo.cuda.gemv_kernels import activation
 
 
@@ -106,11 +107,15 @@ def expert_gemm(X, W, Bias, Idx, RW, Out, n_out, k_in, pairs, per_row, x_stride,
 
 
 @triton.jit
-def route(L, Sc, Wt, Ix, n_exp, top_k, E: tl.constexpr, KP: tl.constexpr, SOFTMAX_FIRST: tl.constexpr,
-          RENORM: tl.constexpr, SCALED: tl.constexpr):  # fmt: skip
+def route(L, Sc, Wt, Ix, n_exp, top_k, splits, E: tl.constexpr, KP: tl.constexpr, SOFTMAX_FIRST: tl.constexpr,
+          RENORM: tl.constexpr, SCALED: tl.constexpr, PARTS: tl.constexpr):  # fmt: skip
     t, e = tl.program_id(0), tl.arange(0, E)
     ok = e < n_exp
-    score = tl.load(L + t * n_exp + e, mask=ok, other=float("-inf")).to(tl.float32)
+    if PARTS:  # the router GEMV's fp32 partial sums: added in order, rounded to the dtype (the scales')
+        score = slices_sum(L, t * n_exp + e, ok, splits, tl.num_programs(0) * n_exp).to(Sc.dtype.element_ty)
+        score = tl.where(ok, score.to(tl.float32), float("-inf"))
+    else:
+        score = tl.load(L + t * n_exp + e, mask=ok, other=float("-inf")).to(tl.float32)
     if SOFTMAX_FIRST:  # softmax over every expert in fp32; the top k of the probabilities
         p = tl.exp(score - tl.max(score, 0))
         score = tl.where(ok, p / tl.sum(p, 0), float("-inf"))

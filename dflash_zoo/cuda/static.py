@@ -245,8 +245,16 @@ def _swiglu(act, gate: torch.Tensor, up: torch.Tensor, kernel: bool) -> torch.Te
 
 def _swiglu_mlp(owner, gate_up: FusedLinear, down: nn.Linear, act, x, fold: bool = False):
     """down(act(gate(x)) * up(x)) over x [..., H] with the switches of `owner` (a StaticTarget or StaticDrafter:
-    `gemv`, `gate_act`, `swiglu`); for one row with `fold`, as `Parts`."""
-    return _swiglu_down(owner, *gate_up(x), down, act, fold)
+    `gemv`, `gate_act`, `swiglu`); for one row with `fold`, as `Parts`. One row through the GEMV kernels: the
+    down kernel reads gate/up's partial sums itself (no kernel adds them up first)."""
+    sums = gate_up.parts(x) if owner.gate_act and owner.gemv else None  # [S, 1, 2F] fp32
+    if sums is None:
+        return _swiglu_down(owner, *gate_up(x), down, act, fold)
+    f, kind = down.in_features, owner.gate_act
+    gate, up = sums[..., :f], sums[..., f:]
+    if fold:  # (`parts` is None while traced)
+        return Parts(gemv_ops.gemv_parts(up, down.weight, gate, act=kind, in_parts=True), down.bias)
+    return gemv_ops.gemv(up, down.weight, down.bias, gate, kind, True).view(*x.shape[:-1], -1)
 
 
 def _swiglu_down(owner, gate, up, down: nn.Linear, act, fold: bool = False):
@@ -580,7 +588,11 @@ class StaticTarget:
         return self._scaled_route(r, fused_ops.rms_norm(x, r.scale, r.eps, post=r.root))
 
     def _scaled_route(self, r: moe.ScaledRouting, h):
-        """(top-k weights, expert ids) [N, k] from a declared router's input h [N, H] (norm(x) * scale * root)."""
+        """(top-k weights, expert ids) [N, k] from a declared router's input h [N, H] (norm(x) * scale * root);
+        one row through the GEMV kernels: the routing kernel adds the GEMV's partial sums itself."""
+        if self.gemv and h.shape[0] == 1 and not torch.compiler.is_compiling():
+            sums = gemv_ops.gemv_parts(h, r.weight, None)  # [S, 1, E]
+            return moe.route(sums, r.top_k, "softmax_topk", True, r.expert_scale, parts=True)
         logits = _linear(h, r.weight, None, self.gemv)  # [N, E]
         return moe.route(logits, r.top_k, "softmax_topk", True, r.expert_scale)
 
