@@ -20,7 +20,8 @@ Fewer kernels per layer (each costs ~2.5 us inside a graph on an H200, docs/perf
 - `"split"` attention and `gemv=True`: the Triton kernels of kernels.py and gemv.py (split-KV attention for any
   step, a split-K GEMV, timed against cuBLAS, for one-row projections); `fused_ops=True`: those of fused_ops.py (q/k
   norm + rotary + K/V write, RMSNorm with its weight, SiLU-gated product: one kernel each), and each residual
-  add inside the next norm's kernel (`_Norms.add`), which also sums a one-row o / down GEMV's partial sums.
+  add inside the next norm's kernel (`_Norms.add`), which also sums a one-row o / down GEMV's partial sums;
+  a sandwich-norm layer's residual adds with all their norms in one kernel each (sandwich.py).
 
 Longer than the ~300 lines we aim for: the static target and drafter forwards share their norm and projection
 helpers, and the target's layer recipe covers every declared family.
@@ -408,10 +409,10 @@ class StaticTarget:
                 logit, router = _logit(p.shared_gate, p.shared_mlp[0]), _router(p, moe_rows)
                 self.shared_gate_up[i] = FusedLinear([*p.shared_mlp[:2], *logit, *router], fuse, gemv)
                 self.shared_extra[i] = (bool(logit), bool(router))
-        # few-row o / down projections whose partial sums the next residual add takes (`Parts`): where that add
-        # and norm run as one kernel and nothing else reads the sublayer's output first
         # sandwich-norm layers: each residual add, with its norms, in one kernel (sandwich.py)
         self.sandwich = [sandwich.runs(self, i) for i in range(len(self.layers))]
+        # few-row o / down projections whose partial sums the next residual add takes (`Parts`): where that add
+        # and norm run as one kernel and nothing else reads the sublayer's output first
         self.fold_o, self.fold_down = self._folds(mods.final_norm)
         dev = mods.final_norm.weight.device
         # sliding layers keep a ring of R >= window + 2 * max_rows slots (slot = position % R) where that is
