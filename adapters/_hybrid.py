@@ -46,21 +46,6 @@ def gated_delta_final_state(state, k, v, g, beta) -> torch.Tensor:
     return c[..., -1:].exp()[..., None] * state + (k * tail).transpose(-1, -2) @ delta  # [B, H, Dk, Dv]
 
 
-def require_croppable(cache: Any, adapter_name: str) -> None:
-    """Refuse a crop-based rollback on a cache holding recurrent state (crop would silently be wrong)."""
-    stateful = sorted(
-        {type(layer).__name__ for layer in cache.layers if getattr(layer, "recurrent_states", None)}
-    )
-    if stateful:
-        from dflash_zoo.errors import UnsupportedModelError
-
-        raise UnsupportedModelError(
-            f"adapter {adapter_name} rolls back by cropping, but the cache holds recurrent state ({', '.join(stateful)}); "
-            "cropping cannot rewind it and would silently change the output",
-            hint="this target needs an adapter with its own rollback (see docs/hybrid-rollback.md)",
-        )
-
-
 @dataclass
 class GDNSnapshot:
     """Linear-layer states before a verify, plus what the capture hooks saw during it."""
@@ -162,21 +147,29 @@ class HybridGDNAdapter(TargetAdapter):
             self._recompute(cache, snapshot, committed_ids.shape[1], num_rejected)
         snapshot.seen.clear()
 
-    def _restore(self, cache: Any, snap: GDNSnapshot) -> None:
-        for i in self.linear_ids:
-            cache.layers[i].conv_states[0] = snap.conv[i].clone()
-            cache.layers[i].recurrent_states[0].copy_(snap.recurrent[i])
+    def _crop_attention(self, cache: Any, tokens: int) -> None:
+        """Drop the last `tokens` rows of the attention layers (the GDN layers are set by the caller)."""
+        linear = set(self.linear_ids)
+        for i, layer in enumerate(cache.layers):
+            if i not in linear:
+                layer.crop(-tokens)
 
     def _replay(self, cache: Any, snap: GDNSnapshot, committed: Any, num_rejected: int) -> None:
-        cache.crop(-(committed.shape[1] + num_rejected))  # attention layers lose the whole verify block
-        self._restore(cache, snap)
+        from dflash_zoo import compat
+
+        dropped = committed.shape[1] + num_rejected  # the whole verify block, re-run below
+        self._crop_attention(cache, dropped)
+        for i in self.linear_ids:
+            compat.set_linear_state(cache.layers[i], snap.conv[i].clone(), snap.recurrent[i], dropped)
         self.forward(committed, cache, logits_to_keep=1)  # re-appends attention KV and conv inputs, exact
         cache.crop(0)
 
     def _recompute(self, cache: Any, snap: GDNSnapshot, n: int, num_rejected: int) -> None:
         import torch
 
-        cache.crop(-num_rejected)  # exact for attention KV and for the recorded conv windows
+        from dflash_zoo import compat
+
+        self._crop_attention(cache, num_rejected)
         layers = self.layers()
         gdns = [getattr(layers[i], self.gdn_attr) for i in self.linear_ids]
         seen = [
@@ -187,8 +180,10 @@ class HybridGDNAdapter(TargetAdapter):
         windows = torch.stack([snap.conv[i] for i in self.linear_ids])  # [L, B, C, K]
         states = torch.stack([snap.recurrent[i] for i in self.linear_ids])  # [L, B, Hv, Dk, Dv]
         new = _accepted_states(gdns, windows, states, mixed, a, b)  # all GDN layers at once: one solve
+        # the conv window after the accepted rows: the last K columns of the old window and their inputs
+        kept = torch.cat([windows, mixed.transpose(-1, -2).to(windows.dtype)], -1)[..., -windows.shape[-1] :]
         for j, i in enumerate(self.linear_ids):
-            cache.layers[i].recurrent_states[0].copy_(new[j])
+            compat.set_linear_state(cache.layers[i], kept[j], new[j], num_rejected)
 
 
 def _accepted_states(gdns: list[Any], window, state, mixed, a, b) -> torch.Tensor:

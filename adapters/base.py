@@ -440,17 +440,11 @@ class TargetAdapter:
 
         Refuses a cache that cropping cannot restore (recurrent state) unless the adapter owns rollback.
         """
-        if type(self).rollback is TargetAdapter.rollback and getattr(cache, "is_croppable", True) is False:
-            from dflash_zoo.errors import UnsupportedModelError
+        from dflash_zoo import compat
 
-            kinds = sorted({type(layer).__name__ for layer in getattr(cache, "layers", [])})
-            raise UnsupportedModelError(
-                f"{type(self).__name__} rolls back by cropping, but this cache ({', '.join(kinds)}) cannot be "
-                "cropped exactly (recurrent state); refusing rather than producing silently wrong tokens",
-                hint="this target needs an adapter with its own rollback (see docs/hybrid-rollback.md)",
-            )
-        if hasattr(cache, "activate_past_recording"):
-            cache.activate_past_recording()
+        if type(self).rollback is TargetAdapter.rollback:
+            require_croppable(cache, type(self).__name__)
+        compat.record_past(cache)
 
     def snapshot(self, cache: Any) -> Any:
         """State to keep before a verify forward, handed back to `rollback` (None for plain caches)."""
@@ -463,3 +457,24 @@ class TargetAdapter:
         recorded sliding-window history back to the window, so it runs every step.
         """
         cache.crop(-num_rejected)
+
+
+def require_croppable(cache: Any, adapter_name: str) -> None:
+    """Refuse a crop-based rollback on a cache holding recurrent state. Crop cannot rewind it: before
+    transformers 5.25 it leaves the state after the whole verify, and 5.25 has a state to go back to only if the
+    verify ran token by token to keep them (`docs/compat.md` section 3)."""
+    stateful = sorted(
+        {
+            type(layer).__name__
+            for layer in getattr(cache, "layers", [])
+            if any(s is not None for s in (getattr(layer, "recurrent_states", None) or {}).values())
+        }
+    )
+    if stateful:
+        from dflash_zoo.errors import UnsupportedModelError
+
+        raise UnsupportedModelError(
+            f"adapter {adapter_name} rolls back by cropping, but this cache ({', '.join(stateful)}) cannot be "
+            "cropped exactly (recurrent state); refusing rather than producing silently wrong tokens",
+            hint="this target needs an adapter with its own rollback (see docs/hybrid-rollback.md)",
+        )

@@ -4,7 +4,12 @@
   so the name is read from the `forward` signature, never assumed;
 - the returned cache: `out.past_key_values` (5.17) or `out.cache` (newer);
 - `Cache.crop`: only negative counts (positive raises from 5.20);
-- `cache_position` is gone: positions derive from the cache length; batch size 1 passes no mask/positions.
+- `cache_position` is gone: positions derive from the cache length; batch size 1 passes no mask/positions;
+- linear-attention cache layers (5.25): `activate_past_recording(recurrent_states_to_keep=...)` makes a
+  verify keep per-token recurrent states for the layer's own `crop`, and the layer counts its tokens
+  (`cumulative_length_linear`, which `get_seq_length` reads when layer 0 is linear). The hybrid adapters roll
+  back themselves, so they keep no states (`record_past`) and set a rolled-back layer's state, window and
+  count directly (`set_linear_state`).
 """
 
 from __future__ import annotations
@@ -47,6 +52,30 @@ def forward(
     if returned is not None and returned is not cache:
         raise RuntimeError("the target created a new cache instead of using ours (cache kwarg mismatch)")
     return out.logits
+
+
+def record_past(cache: Any) -> None:
+    """Turn on the cache's past recording (sliding layers keep evicted rows and linear layers their conv
+    inputs until `crop`). From 5.25 the linear layers take how many recurrent states to keep; their default
+    (None) breaks a multi-token forward there, and the hybrid adapters need none (they roll back themselves)."""
+    if not hasattr(cache, "activate_past_recording"):
+        return
+    params = inspect.signature(cache.activate_past_recording).parameters.values()
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    cache.activate_past_recording(**({"recurrent_states_to_keep": 0} if takes_kwargs else {}))
+
+
+def set_linear_state(layer: Any, window: torch.Tensor, state: torch.Tensor, dropped: int) -> None:
+    """Put a linear-attention cache layer at conv window [B, C, K] and recurrent state [B, H, Dk, Dv] after
+    `dropped` of the tokens it has seen are taken back: what its own `crop` does where it kept the states."""
+    layer.conv_states[0] = window
+    layer.recurrent_states[0].copy_(state)
+    count = getattr(layer, "cumulative_length_linear", None)  # 5.25: the layer's token count
+    if count is not None:
+        count.sub_(dropped)
+    history = getattr(layer, "recurrent_states_history", None)  # 5.25: states kept for its crop, now stale
+    if history is not None:
+        history[0] = []
 
 
 def transformers_version() -> str:

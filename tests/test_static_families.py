@@ -178,6 +178,28 @@ def test_gemma4_31b_and_26b_layouts(variant, kernels):
     assert eng.speculative(list(range(3, 15)), cfg).output_ids == greedy_reference(adapter.model, list(range(3, 15)), 16)
 
 
+# families whose own attention layers stay off the rotary + K/V kernel, and why (`static._rope_kernel`)
+NO_ROPE_KERNEL = {"minimax_m2": "its q/k norms span all heads at once, not one head"}
+# the dense MLPs' activation in the GEMV (`gemv.ACTS`; 0: no dense MLP, or not one of the kernels')
+GATE_ACT = {"gemma4": 3, "gemma4_text": 3, "gpt_oss": 0, "minimax_m2": 0}
+
+
+@pytest.mark.parametrize("model_type", STATIC_MODEL_TYPES)
+def test_each_family_takes_the_fused_kernels(model_type):
+    """Which layers the static target routes through the fused kernels, read from the built engine (no
+    forward): a module attribute that a new transformers release renames (Gemma 4's norms' `eps` became
+    `variance_epsilon` in 5.25) must not silently drop a family to the slower torch path."""
+    adapter, drafter = static_pair(model_type)
+    t = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, **KERNELS).target
+    own_attention = [m.q is not None and m.kv_source is None for m in t.layers]  # GDN and KV-shared: not
+    assert any(own_attention)
+    want = [own and model_type not in NO_ROPE_KERNEL for own in own_attention]
+    assert t.rope_kernel == want
+    # Gemma 4's sandwich norms: one kernel per residual add, unless the layer adds a per-layer input
+    assert t.sandwich == [model_type.startswith("gemma4") and m.per_layer is None for m in t.layers]
+    assert t.gate_act == GATE_ACT.get(model_type, 1)
+
+
 def test_gemma4_kv_shared_layers_read_their_source_buffers():
     adapter, drafter = static_pair("gemma4_text")  # the tiny E2B-like config: the last 2 layers share K/V
     eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)

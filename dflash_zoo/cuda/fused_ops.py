@@ -150,6 +150,12 @@ def _(gate, up):
     return gate.new_empty(gate.shape)
 
 
+def check_sums(sums: torch.Tensor, like: torch.Tensor) -> None:
+    """Partial sums [splits, rows, n] (`gemv.gemv_parts`) must be of the rows of `like` [..., n]."""
+    if sums.dim() != 3 or sums[0].numel() != like.numel():
+        raise ValueError(f"partial sums {list(sums.shape)} are not of rows like {list(like.shape)}")
+
+
 @torch.library.custom_op("dflash_zoo::add_rms_norm", mutates_args=())
 def add_rms_norm(
     x: torch.Tensor,
@@ -168,8 +174,8 @@ def add_rms_norm(
     `gemv.gemv` would return them."""
     x, weight, delta = x.contiguous(), weight.contiguous(), delta.contiguous()
     for sums in (delta, more) if parts else ():
-        if sums is not None and sums[0].numel() != x.numel():
-            raise ValueError(f"partial sums {list(sums.shape)} are not of rows like {list(x.shape)}")
+        if sums is not None:
+            check_sums(sums, x)
     if more is not None and not parts:
         raise ValueError("`more` partial sums go with `parts`")
     more = more.contiguous() if more is not None else None

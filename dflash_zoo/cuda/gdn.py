@@ -39,6 +39,7 @@ from torch import nn
 from dflash_zoo.adapters._hybrid import gated_delta_final_state
 from dflash_zoo.cuda import fused_ops
 from dflash_zoo.cuda.kernels import _pow2
+from dflash_zoo.cuda.layout import norm_eps
 
 # (query, key, value, g, beta, initial_state, output_final_state, use_qk_l2norm_in_kernel) -> (out, state)
 DeltaRule = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
@@ -173,7 +174,7 @@ class StaticGDN:
         """norm(x) * silu(z), rows [N, Dv]: the module, or one kernel of the same rounding."""
         m = self.gated_norm
         if self.norm_kernel and m.weight.dtype == x.dtype == z.dtype:
-            return fused_ops.rms_norm(x, m.weight, m.variance_epsilon, gate=z)
+            return fused_ops.rms_norm(x, m.weight, norm_eps(m), gate=z)
         return m(x, z)
 
     def commit(self, n: torch.Tensor) -> None:

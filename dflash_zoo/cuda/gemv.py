@@ -30,8 +30,9 @@ from dflash_zoo.cuda.kernels import _pow2, _sms
 log = logging.getLogger("dflash_zoo")
 
 
-# a gated input's activation, as the kernels' ACT: 1 SiLU, 3 GELU's tanh form (the numbers of moe.GATES), with
-# the torch op each stands for (cuBLAS runs it first) and its name in `tuned_configs`
+# a gated input's activation, as the kernels' ACT: 1 SiLU, 3 GELU's tanh form (moe.GATES adds 2, gpt-oss's
+# clamped form, for the expert kernels), with the torch op each stands for (cuBLAS runs it first) and its name
+# in `tuned_configs`
 ACTS = {"silu": 1, "gelu_tanh": 3}
 ACT_OPS = {0: lambda g: g, 1: F.silu, 3: lambda g: F.gelu(g, approximate="tanh")}
 ACT_NAMES = {0: "", 1: "+silu", 3: "+gelu"}

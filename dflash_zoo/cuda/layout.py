@@ -85,8 +85,7 @@ class TargetModules(NamedTuple):
     final_norm: nn.Module
     rotary_emb: nn.Module
     eps: float  # every RMSNorm's epsilon
-    silu: bool  # the dense MLPs' activation is SiLU: the fused SiLU kernels apply
-    activation: str | None  # the kernels' name of that activation ("silu", "gelu_tanh"), or None: not theirs
+    activation: str | None  # the kernels' name of the dense MLPs' activation ("silu", "gelu_tanh"), or None
     layout: StaticLayout
 
 
@@ -104,6 +103,12 @@ def _lookup(adapter: TargetAdapter, obj: Any, path: str, where: str) -> Any:
             f"which this target ({type(obj).__name__}) does not have",
             hint=f"fix `static_layout` in {type(adapter).__module__}, or set it to None (the eager loop runs it)",
         ) from None
+
+
+def norm_eps(norm: nn.Module, default: float | None = None) -> float | None:
+    """An RMSNorm module's epsilon: `variance_epsilon` (most HF norms, Gemma 4's from transformers 5.25) or
+    `eps` (Gemma 4's before it)."""
+    return getattr(norm, "variance_epsilon", getattr(norm, "eps", default))
 
 
 def _get(obj: Any, path: str) -> Any:
@@ -271,7 +276,7 @@ def _scaled_routing(adapter: TargetAdapter, r: ScaledRouter, router: nn.Module, 
     if getattr(norm, "weight", None) is not None:
         raise UnsupportedModelError(f"{where}.{r.norm} has a weight; the declared router's norm has none")
     return ScaledRouting(
-        eps=float(norm.eps), scale=get(r.scale), root=float(get(r.scale_root)),
+        eps=float(norm_eps(norm)), scale=get(r.scale), root=float(get(r.scale_root)),
         weight=_linear(adapter, router, r.proj, where).weight, expert_scale=get(r.expert_scale),
         top_k=int(_lookup(adapter, adapter.text_config, r.top_k, "the text config")),
     )  # fmt: skip
@@ -312,7 +317,6 @@ def resolve(adapter: TargetAdapter) -> TargetModules:
         final_norm=_lookup(adapter, model, adapter.final_norm_path(), "the model"),
         rotary_emb=_lookup(adapter, model, layout.rotary_emb, "the model"),
         eps=_lookup(adapter, text, layout.norm_eps, "the text config"),
-        silu=act in ("silu", "swish"),
         activation=next((kind for kind, acts in EXPERT_GATES.items() if acts and act in acts), None),
         layout=layout,
     )

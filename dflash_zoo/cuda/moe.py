@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dflash_zoo.cuda.gemv import ACTS
 from dflash_zoo.cuda.kernels import _pow2
 
 log = logging.getLogger("dflash_zoo")
@@ -46,7 +47,7 @@ CONFIGS = [(32, 128, 4), (16, 128, 4), (16, 256, 4), (32, 256, 8), (16, 512, 8),
 # rows on an H200 gpt-oss-20b picked (64, 128, 4, 2), the Qwen MoE shapes (128, 128, 8, 3) and (128, 64, 4, 3)
 GROUPED_CONFIGS = [(64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 4, 2), (128, 64, 4, 3), (32, 128, 4, 3),
                    (128, 128, 8, 3), (32, 256, 4, 2)]  # fmt: skip
-GATES = {None: 0, "silu": 1, "clamped_swiglu": 2, "gelu_tanh": 3}  # SparseMoE.expert_gate -> the kernel's ACT
+GATES = {None: 0, "clamped_swiglu": 2, **ACTS}  # SparseMoE.expert_gate -> the kernel's ACT (gemv's for SiLU, GELU)
 _tuned: dict[tuple, tuple[int, ...]] = {}
 
 

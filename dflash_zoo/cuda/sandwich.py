@@ -21,7 +21,9 @@ from typing import Any
 
 import torch
 
+from dflash_zoo.cuda.fused_ops import check_sums
 from dflash_zoo.cuda.kernels import _pow2
+from dflash_zoo.cuda.layout import norm_eps
 
 
 @functools.cache
@@ -36,8 +38,7 @@ def _delta(d: torch.Tensor | None, like: torch.Tensor, parts: bool) -> tuple[tor
     if d is None:
         return like, 0
     if parts:
-        if d.dim() != 3 or d[0].numel() != like.numel():
-            raise ValueError(f"partial sums {list(d.shape)} are not of rows like {list(like.shape)}")
+        check_sums(d, like)
         return d.contiguous(), d.shape[0]
     if d.shape != like.shape:
         raise ValueError(
@@ -84,7 +85,8 @@ def sandwich_add(
         x, a, w1.contiguous(), b, w2 if w2 is not None else w1, outer if outer is not None else w1,
         scalar if scalar is not None else x, *ws, total, y, rows, n, s1, s2, eps, offset, post, D=d,
         FP32_WEIGHT=fp32_weight, PARTS1=parts1, PARTS2=parts2, TWO=d2 is not None, OUTER=outer is not None,
-        SCALAR=scalar is not None, NORMS=len(norms), LAST_LLAMA=last_llama, num_warps=4 if d <= 1024 else 8 if d <= 2048 else 16,
+        SCALAR=scalar is not None, NORMS=len(norms), LAST_LLAMA=last_llama,
+        num_warps=4 if d <= 1024 else 8 if d <= 2048 else 16,
     )  # fmt: skip
     return total, y
 
@@ -110,7 +112,7 @@ def runs(target: Any, i: int) -> bool:
         if m.branch_routing is None or m.branch_routing.eps != norm.eps or not target.moe_rows:
             return False
         mods += list(m.moe_branch[2:])  # the dense output's, the experts' input and output norms
-    eps = [getattr(n, "variance_epsilon", getattr(n, "eps", None)) for n in mods]
+    eps = [norm_eps(n) for n in mods]
     return all(norm.fuses(n, target.dtype) for n in mods) and all(e == norm.eps for e in eps)
 
 

@@ -46,7 +46,7 @@ from dflash_zoo.cuda.attention import (
     _grouped_split,
 )
 from dflash_zoo.cuda.gdn import StaticGDN
-from dflash_zoo.cuda.layout import MoEParts, graph_unsafe_reason, layout_reason, resolve
+from dflash_zoo.cuda.layout import MoEParts, graph_unsafe_reason, layout_reason, norm_eps, resolve
 from dflash_zoo.engine.rope import apply_rotary
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ class _Norms:
     def __call__(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         weight = getattr(module, "weight", None)  # a weightless norm (Gemma's value norm) runs as its module
         if self.kernel and weight is not None and weight.dtype == x.dtype:
-            eps = getattr(module, "variance_epsilon", getattr(module, "eps", self.eps))
+            eps = norm_eps(module, self.eps)
             return fused_ops.rms_norm(x, weight, eps, self.fp32, self.offset)
         if not self.fast:
             return module(x)
@@ -175,7 +175,7 @@ class _Norms:
         if delta is None:
             return x, self(module, x)
         if self.fuses(module, x.dtype):
-            eps = getattr(module, "variance_epsilon", getattr(module, "eps", self.eps))
+            eps = norm_eps(module, self.eps)
             parts = isinstance(delta, Parts)
             d, bias, more = (delta.sums, delta.bias, delta.more) if parts else (delta, None, None)
             return fused_ops.add_rms_norm(x, d, module.weight, eps, self.fp32, self.offset, parts, bias, more)
@@ -287,7 +287,7 @@ def _rope_kernel(m, opts: QKVOptions, eps: float) -> bool:
     if m.q is None or opts.shared or not opts.per_head:
         return False
     vn = opts.v_norm
-    return vn is None or (getattr(vn, "weight", None) is None and getattr(vn, "eps", None) == eps)
+    return vn is None or (getattr(vn, "weight", None) is None and norm_eps(vn) == eps)
 
 
 def _qkv_store(proj, x, heads: int, norm, qk, rope, positions, buffers, fused: bool, opts: QKVOptions = PLAIN):
@@ -376,7 +376,7 @@ class StaticTarget:
         llama = layout.norms == "llama"  # the declared RMSNorm formula (the norm kernel computes each)
         self.decode_attend = DECODE_ATTENTION[decode_attention]  # T = 1 steps only
         self.block_attend = BLOCK_ATTENTION[block_attention]  # verify steps (T > 1)
-        self.silu = mods.silu  # the kernels' fused SwiGLU
+        self.silu = mods.activation == "silu"  # the kernels' fused SwiGLU
         self.gate_act = gemv_ops.ACTS.get(mods.activation, 0)  # the dense MLPs' activation in the GEMV (0: none)
         self.swiglu = fused_ops and self.silu  # silu(gate) * up through `fused_ops.silu_mul`
         self.heads = text.num_attention_heads
