@@ -48,6 +48,7 @@ def _tiny_record(**kw):
 def test_bench_record_schema_and_projection(monkeypatch):
     monkeypatch.setenv("DFLASH_ZOO_MOE_ROWS", "4")  # an engine switch: named in the record
     monkeypatch.setenv("DFLASH_ZOO_HOME", "/nowhere")  # where records go: not a switch
+    monkeypatch.delenv("DFLASH_ZOO_TUNE", raising=False)  # the tests' own switch (conftest)
     rec = _tiny_record(what_if_acceptance=2.5)
     assert rec["schema"] == B.SCHEMA and rec["kind"] == "projection"
     assert rec["projection"]["what_if_acceptance"] == 2.5

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import types
 
 import pytest
 import torch
@@ -696,11 +697,32 @@ def test_rms_norm_and_silu_mul_bf16_on_cuda():
         assert (diff <= 2**-7 * want.float().abs() + 1e-6).all() and (diff > 0).sum() <= 0.01 * diff.numel()
 
 
+def test_tuning_is_on_for_cuda_tensors_unless_switched_off(monkeypatch):
+    cuda_like, cpu = types.SimpleNamespace(is_cuda=True), torch.zeros(1)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # a CPU torch has no streams
+    monkeypatch.setenv("DFLASH_ZOO_TUNE", "1")
+    assert gemv.tunes(cuda_like) and not gemv.tunes(cpu)
+    monkeypatch.setenv("DFLASH_ZOO_TUNE", "0")
+    assert not gemv.tunes(cuda_like)
+    monkeypatch.delenv("DFLASH_ZOO_TUNE")
+    assert gemv.tunes(cuda_like)
+
+
 @pytest.mark.gpu
 @CUDA
-def test_gemv_bf16_on_cuda_is_tuned_and_close():
+def test_untuned_kernels_take_their_first_config_on_cuda(monkeypatch):
+    monkeypatch.setenv("DFLASH_ZOO_TUNE", "0")
+    x, w = torch.randn(1, 1, 384, device="cuda"), torch.randn(200, 384, device="cuda")
+    tuned = dict(gemv._tuned)
+    assert gemv._gemv_config(x, w, None) == gemv.GEMV_CONFIGS[0] and gemv._tuned == tuned
+
+
+@pytest.mark.gpu
+@CUDA
+def test_gemv_bf16_on_cuda_is_tuned_and_close(monkeypatch):
     """The tuner times every config once per shape; the fused SiLU input is rounded as torch's; the result is
     as close to fp32 as cuBLAS's bf16 GEMV is."""
+    monkeypatch.setenv("DFLASH_ZOO_TUNE", "1")
     for rows, (n, k) in itertools.product((1, 16), [(4096, 12288), (4096, 4096), (100, 300)]):
         x, gate = (torch.randn(1, rows, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
@@ -768,9 +790,10 @@ def test_nucleus_kernel_and_sorted_rule_keep_the_defined_set(interpret, top_p):
 
 @pytest.mark.gpu
 @CUDA
-def test_add_rms_norm_and_gemv_parts_bf16_on_cuda():
+def test_add_rms_norm_and_gemv_parts_bf16_on_cuda(monkeypatch):
     """bf16 on the GPU: the fused residual add is torch's add bitwise; the norm and the summed partials of a
     tuned GEMV are within a rounding of `rms_norm` over `gemv`'s output."""
+    monkeypatch.setenv("DFLASH_ZOO_TUNE", "1")
     gen = torch.Generator("cuda").manual_seed(6)
     n, k = 4096, 12288
     x, delta = (torch.randn(1, 16, n, generator=gen, device="cuda").bfloat16() for _ in range(2))

@@ -155,9 +155,16 @@ def _graph_ms(fn, reps: int = 10) -> float:
     return start.elapsed_time(end) / reps
 
 
+def tunes(x: torch.Tensor) -> bool:
+    """Whether the kernels' configs are timed for a tensor like `x`: on CUDA, outside a graph capture (steps
+    are warmed before capture), unless `DFLASH_ZOO_TUNE=0`, which takes each kernel's first config untimed (the
+    GPU tests: every config is tested on its own, and timing them all costs minutes per engine)."""
+    return x.is_cuda and os.environ.get("DFLASH_ZOO_TUNE") != "0" and not torch.cuda.is_current_stream_capturing()
+
+
 def _gemv_config(x, weight, gate, parts: bool = False, act: int = 1, in_parts: bool = False) -> tuple[int, ...] | None:
     """The fastest kernel config for this shape and row count, and cuBLAS too unless `parts` (partial sums
-    wanted), timed once on CUDA (the first config under the interpreter).
+    wanted), timed once where `tunes` (else the first config).
 
     Each timed call follows a write of 128 MB (over twice an H200's L2), so that the weight comes from HBM as
     in a real step.
@@ -167,8 +174,8 @@ def _gemv_config(x, weight, gate, parts: bool = False, act: int = 1, in_parts: b
     key = (tuple(weight.shape), weight.dtype, act if gate is not None else 0, parts, rows, x.device, in_parts)
     if key in _tuned:
         return _tuned[key]
-    if not x.is_cuda or torch.cuda.is_current_stream_capturing():
-        return configs[0]  # nothing timed while a graph is captured (steps are warmed before capture)
+    if not tunes(x):
+        return configs[0]
     flush = torch.empty(2**25, device=x.device, dtype=torch.float32)
     base = _graph_ms(flush.zero_)
     extra = dict(act=act, in_parts=in_parts)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dflash_zoo.cuda.gemv import ACTS
+from dflash_zoo.cuda.gemv import ACTS, _graph_ms, tunes
 from dflash_zoo.cuda.kernels import _pow2
 
 log = logging.getLogger("dflash_zoo")
@@ -169,15 +169,14 @@ def _launch(x, weight, bias, experts, transposed, act, limit, alpha, routing, to
 def _config(x, weight, bias, experts, transposed, act, limit, alpha, routing, top_k) -> tuple[int, ...]:
     """The fastest of CONFIGS (one token) or GROUPED_CONFIGS (several) for this shape, timed once on CUDA: each
     call after a 128 MB write, so that the weights come from HBM as in a step, with each token's experts
-    drawn at random (distinct within a token); the first one elsewhere or while capturing."""
+    drawn at random (distinct within a token); the first one where `gemv.tunes` says no."""
     tokens = experts.numel() // top_k
     configs = CONFIGS if tokens == 1 else GROUPED_CONFIGS
     key = (tuple(weight.shape), weight.dtype, transposed, act, routing is not None, experts.numel(), tokens, x.device)
     if key in _tuned:
         return _tuned[key]
-    if not x.is_cuda or torch.cuda.is_current_stream_capturing():
-        return configs[0]  # nothing timed while a graph is captured (steps are warmed before capture)
-    from dflash_zoo.cuda.gemv import _graph_ms
+    if not tunes(x):
+        return configs[0]
 
     gen = torch.Generator().manual_seed(0)
     drawn = torch.stack([torch.randperm(weight.shape[0], generator=gen)[:top_k] for _ in range(tokens)])
