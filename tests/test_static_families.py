@@ -182,6 +182,10 @@ def test_gemma4_31b_and_26b_layouts(variant, kernels):
 NO_ROPE_KERNEL = {"minimax_m2": "its q/k norms span all heads at once, not one head"}
 # the dense MLPs' activation in the GEMV (`gemv.ACTS`; 0: no dense MLP, or not one of the kernels')
 GATE_ACT = {"gemma4": 3, "gemma4_text": 3, "gpt_oss": 0, "minimax_m2": 0}
+# sparse MoE blocks run as their declared parts (router, expert kernels), those with a shared expert with its
+# one-logit gate and the router as further outputs of its gate/up GEMV
+MOE = {"gpt_oss", "minimax_m2", "qwen3_moe", "qwen3_vl_moe", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"}
+SHARED_EXPERT = {"qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"}
 
 
 @pytest.mark.parametrize("model_type", STATIC_MODEL_TYPES)
@@ -198,6 +202,10 @@ def test_each_family_takes_the_fused_kernels(model_type):
     # Gemma 4's sandwich norms: one kernel per residual add, unless the layer adds a per-layer input
     assert t.sandwich == [model_type.startswith("gemma4") and m.per_layer is None for m in t.layers]
     assert t.gate_act == GATE_ACT.get(model_type, 1)
+    assert [m.moe_parts is not None for m in t.layers] == [model_type in MOE] * len(t.layers)
+    assert set(t.shared_extra) == {(model_type in SHARED_EXPERT,) * 2}
+    gdn = [g for g in t.gdn if g is not None]  # Gated-DeltaNet layers: the conv / delta-rule and gated-norm kernels
+    assert bool(gdn) == (model_type in HYBRID) and all(g.kernel and g.norm_kernel for g in gdn)
 
 
 def test_gemma4_kv_shared_layers_read_their_source_buffers():
