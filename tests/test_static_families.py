@@ -193,6 +193,7 @@ def test_each_family_takes_the_fused_kernels(model_type):
     """Which layers the static target routes through the fused kernels, read from the built engine (no
     forward): a module attribute that a new transformers release renames (Gemma 4's norms' `eps` became
     `variance_epsilon` in 5.25) must not silently drop a family to the slower torch path."""
+    pytest.importorskip("triton")
     adapter, drafter = static_pair(model_type)
     t = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, **KERNELS).target
     own_attention = [m.q is not None and m.kv_source is None for m in t.layers]  # GDN and KV-shared: not
