@@ -64,7 +64,9 @@ class StaticAttention:
     o_proj: str = "o_proj"
     q_norm: str | None = None  # Qwen3 names "q_norm" / "k_norm"; None: no q/k norm (Llama)
     k_norm: str | None = None
-    qk_norm_per_head: bool = True  # False: one norm over all heads at once, before the head split (MiniMax-M2)
+    qk_norm_per_head: bool = (
+        True  # False: one norm over all heads at once, before the head split (MiniMax-M2)
+    )
     head_dim: str = "head_dim"  # attributes of the attention module (ints / floats, read once)
     scaling: str = "scaling"  # the softmax scale
     sinks: str | None = None  # gpt-oss "sinks": a learned per-head logit joined to every softmax; None: none
@@ -96,7 +98,12 @@ class GatedMLP:
 
 # the experts' gated activations the down kernel computes (`SparseMoE.expert_gate`), and the config activations
 # each stands for (None: any)
-EXPERT_GATES = {None: None, "silu": ("silu", "swish"), "clamped_swiglu": None, "gelu_tanh": ("gelu_pytorch_tanh",)}
+EXPERT_GATES = {
+    None: None,
+    "silu": ("silu", "swish"),
+    "clamped_swiglu": None,
+    "gelu_tanh": ("gelu_pytorch_tanh",),
+}
 
 
 @dataclass(frozen=True)
@@ -115,7 +122,9 @@ class SparseMoE:
     # module: "softmax_topk" (softmax over every expert in fp32, the top k, renormalised where `renormalize`
     # says), "topk_softmax" (the top k logits, softmaxed in their dtype); None: the router module runs
     routing: str | None = None
-    renormalize: str | bool = True  # softmax_topk: renormalise the top-k weights; a str names the router's flag
+    renormalize: str | bool = (
+        True  # softmax_topk: renormalise the top-k weights; a str names the router's flag
+    )
     # the experts' gated activation, for the down projection's kernel to compute from the gate/up output: "silu"
     # (silu(gate) * up over [gate | up] halves, where the config's activation is SiLU), "clamped_swiglu"
     # (interleaved gate/up, both clamped at the module's `limit`, (up + 1) * gate * sigmoid(alpha * gate)),

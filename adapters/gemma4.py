@@ -28,4 +28,6 @@ class Gemma4Adapter(Gemma4TextAdapter):
     auto_class = "AutoModelForImageTextToText"
     accepts_images = True
     registry_shape = {"model_type": "gemma4_text", "final_logit_softcapping": 30.0}  # the text config's
-    static_layout = dataclasses.replace(Gemma4TextAdapter.static_layout, rotary_emb="model.language_model.rotary_emb")
+    static_layout = dataclasses.replace(
+        Gemma4TextAdapter.static_layout, rotary_emb="model.language_model.rotary_emb"
+    )

@@ -19,4 +19,6 @@ from dflash_zoo.adapters.base import StaticAttention, StaticLayout, TargetAdapte
 class Qwen3Adapter(TargetAdapter):
     chat_template_kwargs = {"enable_thinking": False}
     # fast path: Llama's layout plus per-head RMSNorms on q and k before rotary
-    static_layout = StaticLayout(attention=StaticAttention(q_norm="q_norm", k_norm="k_norm"), cuda_verified=True)
+    static_layout = StaticLayout(
+        attention=StaticAttention(q_norm="q_norm", k_norm="k_norm"), cuda_verified=True
+    )

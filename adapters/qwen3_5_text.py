@@ -29,7 +29,10 @@ HYBRID_LAYOUT = StaticLayout(
     attention=StaticAttention(q_norm="q_norm", k_norm="k_norm", output_gate=True),
     # the router always renormalises its top k (it has no norm_topk_prob); experts are [gate | up] with SiLU
     moe=SparseMoE(
-        shared_expert="shared_expert", shared_expert_gate="shared_expert_gate", routing="softmax_topk", expert_gate="silu"
+        shared_expert="shared_expert",
+        shared_expert_gate="shared_expert_gate",
+        routing="softmax_topk",
+        expert_gate="silu",
     ),
     norms="fp32_one_plus_weight",
     rotary_axes=3,  # mRoPE position ids (time, height, width), as the text model builds them

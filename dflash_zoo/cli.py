@@ -145,7 +145,9 @@ def main(argv: list[str] | None = None) -> None:
             raise
         if known is not None:
             _fail(str(known), known.hint, known.exit_code)
-        _fail(f"{type(exc).__name__}: {exc}", "rerun with DFLASH_ZOO_DEBUG=1 for the traceback and report it", 1)
+        _fail(
+            f"{type(exc).__name__}: {exc}", "rerun with DFLASH_ZOO_DEBUG=1 for the traceback and report it", 1
+        )
 
 
 def _fail(message: str, hint: str | None, code: int) -> None:

@@ -98,7 +98,8 @@ def _fs_error(exc: OSError) -> ZooError:
 def _location_hint(path: str) -> str:
     homes = {
         "HF_HUB_CACHE": os.environ.get("HF_HUB_CACHE"),
-        "HF_HOME": os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"),
+        "HF_HOME": os.environ.get("HF_HOME")
+        or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"),
         "DFLASH_ZOO_HOME": os.environ.get("DFLASH_ZOO_HOME")
         or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dflash-zoo"),
     }
@@ -119,7 +120,9 @@ def looks_like_path(name: str) -> bool:
 def missing_directory(name: str) -> NotFoundError:
     """The one message for a path-looking model argument that is not a directory (target and drafter alike)."""
     path = os.path.expanduser(name)
-    what = f"{name} is a file, not a model directory" if os.path.exists(path) else f"no such directory: {name}"
+    what = (
+        f"{name} is a file, not a model directory" if os.path.exists(path) else f"no such directory: {name}"
+    )
     return NotFoundError(
         what, hint="check the path; a Hub id is ORG/NAME and `dflash-zoo list` shows the registry ids"
     )

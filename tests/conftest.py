@@ -14,7 +14,9 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 else:  # each kernel's first config untimed (`gemv.tunes`): every config has tests of its own, and timing them
-    os.environ.setdefault("DFLASH_ZOO_TUNE", "0")  # all costs minutes per engine; the tuner's tests set it back
+    os.environ.setdefault(
+        "DFLASH_ZOO_TUNE", "0"
+    )  # all costs minutes per engine; the tuner's tests set it back
 
 from tests.tiny import tiny_drafter, tiny_target  # noqa: E402
 

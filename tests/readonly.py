@@ -30,7 +30,11 @@ def readonly_mounts_work() -> bool:
 
 
 def run_readonly(
-    argv: Sequence[str], readonly: Sequence[Path], env: dict[str, str] | None = None, timeout: float = 600, **kw
+    argv: Sequence[str],
+    readonly: Sequence[Path],
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+    **kw,
 ) -> subprocess.CompletedProcess:
     """`argv` (e.g. `[sys.executable, "-m", "dflash_zoo", ...]`) with every path of `readonly` mounted read-only."""
     if not readonly_mounts_work():

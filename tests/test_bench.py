@@ -152,14 +152,26 @@ def test_bench_cli_profile_times_each_step(tmp_path, monkeypatch):
     """--profile: the record holds each fast step's device time and the drafter's share; stderr says them."""
     monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path))
     args = ["bench", "--shape", "tiny-qwen3", "--prompt-tokens", "6", "--new-tokens", "8", "--warmup", "0"]
-    args += ["--repeats", "1", "--device", "cpu", "--path", "fast", "--profile", "--out", str(tmp_path / "r.json")]
+    args += [
+        "--repeats",
+        "1",
+        "--device",
+        "cpu",
+        "--path",
+        "fast",
+        "--profile",
+        "--out",
+        str(tmp_path / "r.json"),
+    ]
     result = CliRunner().invoke(cli, args, env={"COLUMNS": "120", "NO_COLOR": "1"})
     assert result.exit_code == 0, result.output
     prof = json.loads((tmp_path / "r.json").read_text())["results"]["fast"]["profile"]
     assert prof["replays"] >= 1 and 0 < prof["drafter_share"]
     assert prof["drafter_share"] == prof["drafter"]["ms_per_step"] / prof["spec"]["ms_per_step"]
     assert prof["draft_share"] == prof["draft"]["ms_per_step"] / prof["spec"]["ms_per_step"]
-    assert "device time a step: ar " in result.stderr and "of a DFlash step the drafter takes" in result.stderr
+    assert (
+        "device time a step: ar " in result.stderr and "of a DFlash step the drafter takes" in result.stderr
+    )
 
 
 def test_bench_cli_usage_errors():

@@ -54,14 +54,18 @@ def test_bad_set_is_refused_and_the_session_goes_on(pair):
     assert "temperature must be >= 0, got -1.0; temperature stays 0.0" in err
     assert "top_p must be in (0, 1], got 5.0; top_p stays 1.0" in err
     assert "max_new_tokens must be >= 1, got 0; max_new_tokens stays 6" in err
-    assert "block_size 64 exceeds the drafter's trained block size 8; block_size stays 8 (the drafter's)" in err
+    assert (
+        "block_size 64 exceeds the drafter's trained block size 8; block_size stays 8 (the drafter's)" in err
+    )
     assert "top_k needs an integer, got 'x'" in err
     assert err.count("tok/s") == 1  # the message after the bad /set values was answered
     assert "temperature 0.0  top_p 1.0  top_k 0  max_new_tokens 6  block_size 8 (the drafter's)" in err
 
 
 def test_non_finite_temperature_and_unknown_think_values_are_refused(pair):
-    res = chat(pair, "/set temperature nan\n/set temperature inf\n/set think maybe\n/set think on\n/set\n/bye\n")
+    res = chat(
+        pair, "/set temperature nan\n/set temperature inf\n/set think maybe\n/set think on\n/set\n/bye\n"
+    )
     assert res.exit_code == 0, res.output
     err = res.stderr
     assert "temperature must be a finite number >= 0, got nan; temperature stays 0.0" in err
@@ -75,7 +79,10 @@ def test_set_alone_shows_the_settings_and_good_values_apply(pair):
     assert res.exit_code == 0, res.output
     err = res.stderr
     assert "unknown command" not in err
-    assert "temperature 0.0  top_p 1.0  top_k 0  max_new_tokens 6  block_size 8 (the drafter's)  seed none" in err
+    assert (
+        "temperature 0.0  top_p 1.0  top_k 0  max_new_tokens 6  block_size 8 (the drafter's)  seed none"
+        in err
+    )
     assert "temperature 0.5  top_p 1.0  top_k 0  max_new_tokens 3  block_size 4  seed none" in err
     stats = next(line for line in err.splitlines() if "tok/s" in line)
     assert int(stats.split()[0]) <= 3 and "(block 4," in stats

@@ -105,7 +105,9 @@ def test_invalid_utf8_in_argv():
 def test_invalid_utf8_in_a_jsonl_file_names_file_and_line(pair, tmp_path):
     data = tmp_path / "prompts.jsonl"
     data.write_bytes(b'{"text": "fine"}\n{"text": "caf\xe9"}\n')
-    code, _, err = invoke("eval", "-t", str(pair[0]), "-d", str(pair[1]), "--data", str(data), "--device", "cpu")
+    code, _, err = invoke(
+        "eval", "-t", str(pair[0]), "-d", str(pair[1]), "--data", str(data), "--device", "cpu"
+    )
     assert code == 2
     assert_one_line(err, f"{data}:2", "UTF-8")
 
@@ -165,8 +167,16 @@ def test_chat_with_a_missing_path():
     [
         (["generate"], "Missing argument 'PROMPT'", "dflash-zoo generate --help"),
         (["generate", "x", "-n", "0"], "Invalid value for '--max-new-tokens'", "dflash-zoo generate --help"),
-        (["generate", "x", "--temperature", "nan"], "'nan' is not a finite number", "dflash-zoo generate --help"),
-        (["eval", "--data", "x", "--temperature", "inf"], "'inf' is not a finite number", "dflash-zoo eval --help"),
+        (
+            ["generate", "x", "--temperature", "nan"],
+            "'nan' is not a finite number",
+            "dflash-zoo generate --help",
+        ),
+        (
+            ["eval", "--data", "x", "--temperature", "inf"],
+            "'inf' is not a finite number",
+            "dflash-zoo eval --help",
+        ),
         (["generate", "x", "--bogus"], "No such option '--bogus'", "dflash-zoo generate --help"),
         (["generat", "x"], "No such command 'generat'", "dflash-zoo --help"),
     ],

@@ -146,8 +146,9 @@ def test_new_tokens_past_the_target_positions_are_capped_with_a_warning(short_ta
     args = ("y" * 40, "-t", str(short_target), "-d", str(pair_dirs[1]), "--raw", "-n", "30", "--json")
     res = _run(*args, "--device", "cpu", DFLASH_ZOO_VERBOSITY="WARNING")  # the tests' default is ERROR
     assert res.exit_code == 0, res.output
-    assert "max_new_tokens 30 capped to 8: the prompt's 40 tokens leave 8 of the target's 48 positions" in " ".join(
-        res.stderr.split()
+    assert (
+        "max_new_tokens 30 capped to 8: the prompt's 40 tokens leave 8 of the target's 48 positions"
+        in " ".join(res.stderr.split())
     )
     assert 1 <= len(json.loads(res.stdout)["output_ids"]) <= 8
 

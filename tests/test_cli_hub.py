@@ -111,9 +111,15 @@ def test_env_json_keys(hub_env):
     assert run.code == 0, run.stderr
     doc = json.loads(run.stdout)
     keys = {"python", "platform", "torch", "cuda", "gpus", "transformers", "huggingface_hub", "dflash_zoo"}
-    assert keys | {"triton", "flash_linear_attention", "hf_home", "hf_hub_cache", "hf_endpoint", "dflash_zoo_home", "offline"} <= set(
-        doc
-    )
+    assert keys | {
+        "triton",
+        "flash_linear_attention",
+        "hf_home",
+        "hf_hub_cache",
+        "hf_endpoint",
+        "dflash_zoo_home",
+        "offline",
+    } <= set(doc)
     assert doc["hf_hub_cache"] == str(zh.hub_cache_dir()) and doc["offline"] is False
     assert "- huggingface_hub:" in cli("env").stdout
 

@@ -189,7 +189,9 @@ def test_full_block_rule_on_tiny_pairs(model_type, max_new):
 @pytest.fixture(scope="module")
 def demo_pair():
     pipe = load(demo.target_dir(), demo.draft_dir(), device="cpu", dtype="fp32")
-    prompt = pipe.encode("import os\n\n\ndef walk(top):\n    for root, dirs, files in os.walk(top):\n", raw=True)
+    prompt = pipe.encode(
+        "import os\n\n\ndef walk(top):\n    for root, dirs, files in os.walk(top):\n", raw=True
+    )
     return pipe, prompt
 
 
@@ -200,7 +202,9 @@ def test_full_block_rule_on_the_trained_demo_pair(demo_pair, max_new):
     pipe, prompt = demo_pair
     block = pipe.drafter.cfg.block_size
     ref_out, ref_steps = reference_dflash(pipe.adapter, pipe.drafter, prompt, max_new, pipe.mask_token_id)
-    assert sum(a + 1 for _, a in ref_steps) / len(ref_steps) > 2, "the demo drafter should get drafts accepted"
+    assert sum(a + 1 for _, a in ref_steps) / len(ref_steps) > 2, (
+        "the demo drafter should get drafts accepted"
+    )
     for eng in _engines(pipe.adapter, pipe.drafter, pipe.mask_token_id).values():
         res = eng.speculative(prompt, GenerationConfig(max_new_tokens=max_new, stop_token_ids=()))
         _assert_full_block_rule(res, ref_out, ref_steps, block, max_new)
@@ -250,7 +254,9 @@ class StubbornSampler(Sampler):
 def stubborn_engine(sampling_engine, monkeypatch):
     import dflash_zoo.cuda.fast as fast
 
-    monkeypatch.setattr(fast, "sampler_of", lambda cfg: StubbornSampler(cfg.temperature, cfg.top_k, cfg.top_p))
+    monkeypatch.setattr(
+        fast, "sampler_of", lambda cfg: StubbornSampler(cfg.temperature, cfg.top_k, cfg.top_p)
+    )
     return sampling_engine
 
 
@@ -273,7 +279,9 @@ def test_static_engine_sampling_is_reproducible_per_seed():
     adapter, drafter = static_pair("qwen3", lm_scale=1.0)
     eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
     cfg = GenerationConfig(max_new_tokens=20, temperature=1.0, top_p=0.95, top_k=50)
-    runs = [eng.speculative(list(range(3, 13)), GenerationConfig(**{**vars(cfg), "seed": s})) for s in (5, 5, 6)]
+    runs = [
+        eng.speculative(list(range(3, 13)), GenerationConfig(**{**vars(cfg), "seed": s})) for s in (5, 5, 6)
+    ]
     assert runs[0].output_ids == runs[1].output_ids and runs[0].steps == runs[1].steps
     assert runs[0].output_ids != runs[2].output_ids
 

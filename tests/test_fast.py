@@ -91,7 +91,10 @@ def test_forced_acceptance_rollback_agrees(model_type):
     override = whatif_schedule(3.25, BLOCK)
     eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
     prompt = _prompts(1)[0]
-    eager, fast = _eager(adapter, drafter, prompt, cfg, override), eng.speculative(prompt, cfg, accept_override=override)
+    eager, fast = (
+        _eager(adapter, drafter, prompt, cfg, override),
+        eng.speculative(prompt, cfg, accept_override=override),
+    )
     n = _full_block_steps(eager, cfg.max_new_tokens)
     assert n >= 5
     assert fast.acceptance_lengths == eager.acceptance_lengths
@@ -111,13 +114,22 @@ def test_profiling_replays_run_the_real_steps_and_leave_the_engine_as_it_was():
     before = eng.speculative(prompt, cfg)
     eng.replays(prompt, cfg, "draft")(2)
     assert eng.out[1:BLOCK].tolist() == before.steps[0].proposed  # the first step's full-block draft
-    run = eng.replays(prompt, cfg, "spec")  # prefill, then one step captured (here: run) with nothing accepted
+    run = eng.replays(
+        prompt, cfg, "spec"
+    )  # prefill, then one step captured (here: run) with nothing accepted
     run(3)
     assert int(eng.pos) == len(prompt) + 4 and int(eng.force) == -1
     with pytest.raises(ValueError, match="do not fit"):
         run(eng.size)
     prof = profile_steps(eng, prompt, cfg, replays=5)
-    assert prof["replays"] == 5 and set(prof) >= {"ar", "spec", "draft", "drafter", "drafter_share", "draft_share"}
+    assert prof["replays"] == 5 and set(prof) >= {
+        "ar",
+        "spec",
+        "draft",
+        "drafter",
+        "drafter_share",
+        "draft_share",
+    }
     assert all(prof[k]["ms_per_step"] > 0 for k in ("ar", "spec", "draft", "drafter"))
     after = eng.speculative(prompt, cfg)
     assert after.output_ids == before.output_ids
@@ -184,7 +196,9 @@ def test_layout_declarations_are_checked():
 def test_unsupported_pairs_are_named():
     hybrid = get_adapter("deepseek_v3")(tiny_target("deepseek_v3"))  # multi-head latent attention
     assert unsupported_reason(hybrid) == "no static layout declared by the 'deepseek_v3' adapter"
-    windowed = get_adapter("qwen3")(tiny_target("qwen3", layer_types=["full_attention", "sliding_attention"] * 2))
+    windowed = get_adapter("qwen3")(
+        tiny_target("qwen3", layer_types=["full_attention", "sliding_attention"] * 2)
+    )
     assert "sliding_attention layers" in unsupported_reason(windowed)
     adapter, drafter = _pair("qwen3")
     assert unsupported_reason(adapter) is None
@@ -282,7 +296,9 @@ def test_fused_weights_are_views_and_eager_outputs_are_unchanged(model_type, tmp
     assert _eager(adapter, drafter, prompt, cfg).output_ids == eager.output_ids
     again = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)  # views the fused tensors, no copy
     pairs = [(again.sdraft.gate_up[0], eng.sdraft.gate_up[0])]
-    pairs += [(a, b) for a, b in zip(again.target.gate_up, eng.target.gate_up, strict=True) if b][:1]  # None: MoE
+    pairs += [(a, b) for a, b in zip(again.target.gate_up, eng.target.gate_up, strict=True) if b][
+        :1
+    ]  # None: MoE
     assert all(a.weight.data_ptr() == b.weight.data_ptr() for a, b in pairs)
     save_drafter(drafter, tmp_path / "d")  # z-lab names, shared storage is fine for safetensors
     state = load_drafter(tmp_path / "d").state_dict()
@@ -373,7 +389,9 @@ def test_pipeline_compile_flag_reaches_the_engine():
     from dflash_zoo.api import Pipeline
 
     adapter, drafter = _pair("qwen3")
-    pipe = Pipeline(adapter.model, drafter, mask_token_id=MASK, options=EngineOptions(fast=True, compile=True))
+    pipe = Pipeline(
+        adapter.model, drafter, mask_token_id=MASK, options=EngineOptions(fast=True, compile=True)
+    )
     cfg = pipe.config(max_new_tokens=8)
     eng = pipe.engine(cfg, 8)
     assert eng.compile and eng.compile_seconds == 0.0  # compiled lazily, on the first step

@@ -159,7 +159,9 @@ def test_layer_with_kernels_equals_the_torch_layer(interpret, layer, verify, mon
 def test_layer_kernels_on_cuda_at_real_head_sizes(model_type):
     """Qwen3.5's GDN head sizes (Dk = Dv = 128, two value heads per key head): fp32 as the torch layer (with
     flash-linear-attention where installed); bf16 close to fp32; a captured step and commit replay as run."""
-    sizes = dict(linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8)
+    sizes = dict(
+        linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8
+    )
     layer = _first_gdn(model_type, "cuda", **sizes)
     ref, fast = _pair(layer)
     like = fast.state

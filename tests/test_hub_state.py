@@ -204,7 +204,9 @@ def test_answering_no_at_the_rm_prompt_removes_nothing_and_exits_0(zoo_registry,
 
     assert cli("pull", "tiny-test", "-q").code == 0
     master, slave = pty.openpty()
-    proc = subprocess.Popen(dz("rm", "tiny-test"), stdin=slave, stdout=slave, stderr=slave, env=dict(os.environ))
+    proc = subprocess.Popen(
+        dz("rm", "tiny-test"), stdin=slave, stdout=slave, stderr=slave, env=dict(os.environ)
+    )
     os.close(slave)
     seen, deadline = b"", time.monotonic() + 60
     while time.monotonic() < deadline and b"?" not in seen:  # the question

@@ -154,9 +154,7 @@ def test_gemv_equals_linear_for_every_config(interpret, config):
         x, gate = torch.randn(2, 1, 1, k, generator=gen)
         w, bias = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
         close = dict(atol=1e-4, rtol=1e-4)  # fp32 sums of up to 1,000 terms, in another order than torch's
-        torch.testing.assert_close(
-            gemv._gemv_launch(x, w, bias, None, config), F.linear(x, w, bias), **close
-        )
+        torch.testing.assert_close(gemv._gemv_launch(x, w, bias, None, config), F.linear(x, w, bias), **close)
         want = F.linear(F.silu(gate) * x, w, bias)  # e.g. Llama's mlp_bias on the down projection
         torch.testing.assert_close(gemv._gemv_launch(x, w, bias, gate, config), want, **close)
 
@@ -205,11 +203,15 @@ def test_gemv_rounds_the_fused_input_as_torch_does(interpret, act):
     unfused = gemv.gemv(op(gate) * x, w, None, None)
     torch.testing.assert_close(fused, unfused, atol=0.02, rtol=2e-3)
     assert (fused != unfused).sum() <= (0 if act == "silu" else 2)
-    torch.testing.assert_close(fused.float(), F.linear((op(gate) * x).float(), w.float()), atol=0.05, rtol=2e-3)
+    torch.testing.assert_close(
+        fused.float(), F.linear((op(gate) * x).float(), w.float()), atol=0.05, rtol=2e-3
+    )
     parts = gemv.gemv_parts(x, w, gate, act=code)
     torch.testing.assert_close(parts.sum(0).half().view(fused.shape), fused, atol=0.02, rtol=2e-3)
     other = gemv.ACT_OPS[gemv.ACTS["silu" if act != "silu" else "gelu_tanh"]]
-    assert not torch.allclose(fused.float(), F.linear((other(gate) * x).float(), w.float()), atol=0.05, rtol=2e-3)
+    assert not torch.allclose(
+        fused.float(), F.linear((other(gate) * x).float(), w.float()), atol=0.05, rtol=2e-3
+    )
     with pytest.raises(ValueError, match="gate activation"):
         gemv.gemv(x, w, None, gate, 2)
 
@@ -230,7 +232,9 @@ def test_gemv_reads_a_gate_up_gemv_s_partial_sums(interpret, config):
     assert got.shape == (1, n) and got.dtype == torch.float16 and torch.equal(got, want)
     parts = gemv._gemv_parts(up, w, gate, config, in_parts=True)
     assert torch.equal(parts, gemv._gemv_parts(u16, w, g16, config))
-    torch.testing.assert_close(gemv._gemv_launch(up, w, None, gate, gemv.CUBLAS, in_parts=True), want, atol=0.02, rtol=2e-3)
+    torch.testing.assert_close(
+        gemv._gemv_launch(up, w, None, gate, gemv.CUBLAS, in_parts=True), want, atol=0.02, rtol=2e-3
+    )
     assert torch.equal(gemv.gemv(up, w, None, gate, 1, True), gemv.gemv(u16, w, None, g16))
     with pytest.raises(ValueError, match="partial sums as input"):
         gemv.gemv(up.half(), w, None, gate, 1, True)
@@ -311,7 +315,9 @@ def test_rope_store_sums_a_gemv_s_partial_sums(interpret, dtype):
     assert got.dtype == dtype and torch.equal(got, want)
     assert all(torch.equal(a, b) for a, b in zip(*caches, strict=True))
     with pytest.raises(ValueError, match="ungated"):
-        fused_ops.rope_store(sums, qw, kw, cos, sin, positions, *caches[0], heads, 1e-6, gated=True, parts=True)
+        fused_ops.rope_store(
+            sums, qw, kw, cos, sin, positions, *caches[0], heads, 1e-6, gated=True, parts=True
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -337,7 +343,9 @@ def test_rope_store_gated_heads_in_the_fp32_norm_formula(interpret, dtype):
     torch.testing.assert_close(got, want_q, **tol)
     torch.testing.assert_close(caches[0][:, positions], want_k, **tol)
     assert torch.equal(caches[1][:, positions], v.view(t, kvh, hd).transpose(0, 1))
-    plain = fused_ops.rope_store(qkv, qw, kw, cos, sin, positions, *caches, heads, 1e-6, True)  # Llama formula
+    plain = fused_ops.rope_store(
+        qkv, qw, kw, cos, sin, positions, *caches, heads, 1e-6, True
+    )  # Llama formula
     assert not torch.allclose(plain.float(), got.float(), atol=1e-2)
 
 
@@ -499,7 +507,9 @@ def test_rms_norm_kernel_equals_the_static_formula(interpret, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("formula", [(False, 0.0), (True, 0.0), (True, 1.0)], ids=["llama", "fp32", "one-plus"])
+@pytest.mark.parametrize(
+    "formula", [(False, 0.0), (True, 0.0), (True, 1.0)], ids=["llama", "fp32", "one-plus"]
+)
 def test_add_rms_norm_is_the_add_then_the_norm(interpret, dtype, formula):
     """The residual add rounded as torch's, then each norm formula on the sum; with a GEMV's partial sums (and a
     bias) as the delta, the sum is `gemv.gemv`'s output. A wrong delta row or a missing split fails."""
@@ -699,7 +709,9 @@ def test_rms_norm_and_silu_mul_bf16_on_cuda():
 
 def test_tuning_is_on_for_cuda_tensors_unless_switched_off(monkeypatch):
     cuda_like, cpu = types.SimpleNamespace(is_cuda=True), torch.zeros(1)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # a CPU torch has no streams
+    monkeypatch.setattr(
+        torch.cuda, "is_current_stream_capturing", lambda: False
+    )  # a CPU torch has no streams
     monkeypatch.setenv("DFLASH_ZOO_TUNE", "1")
     assert gemv.tunes(cuda_like) and not gemv.tunes(cpu)
     monkeypatch.setenv("DFLASH_ZOO_TUNE", "0")
@@ -806,7 +818,9 @@ def test_add_rms_norm_and_gemv_parts_bf16_on_cuda(monkeypatch):
     wd = (torch.randn(n, k, generator=gen, device="cuda") / k**0.5).bfloat16()
     parts = gemv.gemv_parts(up, wd, gate)
     total, y = fused_ops.add_rms_norm(row, parts, w, 1e-6, parts=True)
-    ref = row + gemv._gemv_launch(up, wd, None, gate, gemv._tuned[((n, k), torch.bfloat16, 1, True, 1, row.device, False)])
+    ref = row + gemv._gemv_launch(
+        up, wd, None, gate, gemv._tuned[((n, k), torch.bfloat16, 1, True, 1, row.device, False)]
+    )
     assert ((total.float() - ref.float()).abs() <= 2**-7 * ref.float().abs() + 1e-6).all()
 
 
@@ -838,9 +852,14 @@ def test_split_attention_with_sinks_on_cuda(t):
     q = torch.randn(1, 64, t, 64, generator=gen, device="cuda")
     k, v = (torch.randn(1, 8, 1152, 64, generator=gen, device="cuda") for _ in range(2))
     pos = torch.arange(700, 700 + t, device="cuda")[:, None]
-    seen = (torch.arange(1152, device="cuda")[None, :] <= pos) & (pos - torch.arange(1152, device="cuda") < 128)
+    seen = (torch.arange(1152, device="cuda")[None, :] <= pos) & (
+        pos - torch.arange(1152, device="cuda") < 128
+    )
     gmask = _group_mask(seen, 8, torch.float32)
     sinks = torch.randn(64, generator=gen, device="cuda") * 3
     torch.testing.assert_close(
-        _grouped_split(q, k, v, gmask, 0.125, sinks), _grouped_sinks(q, k, v, gmask, 0.125, sinks), atol=2e-5, rtol=2e-5
+        _grouped_split(q, k, v, gmask, 0.125, sinks),
+        _grouped_sinks(q, k, v, gmask, 0.125, sinks),
+        atol=2e-5,
+        rtol=2e-5,
     )

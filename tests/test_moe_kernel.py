@@ -46,13 +46,18 @@ def test_the_declared_rules_cover_every_kind():
     parts = [_first_block(t)[1] for t in MOE_TYPES]
     assert {p.routing.rule for p in parts if p.routing} == {"softmax_topk", "topk_softmax"}
     # qwen3_moe's tiny config leaves its top k unnormalised (norm_topk_prob false), the others renormalise
-    assert {p.routing.renormalize for p in parts if p.routing and p.routing.rule == "softmax_topk"} == {True, False}
+    assert {p.routing.renormalize for p in parts if p.routing and p.routing.rule == "softmax_topk"} == {
+        True,
+        False,
+    }
     assert {p.gate.kind for p in parts if p.gate} == {"silu", "clamped_swiglu"}
     assert any(p.routing is None for p in parts) and any(p.gate is None for p in parts)  # modules run too
 
 
 def _inputs(adapter, rows: int, seed: int, scale: float = 1.0):
-    return scale * torch.randn(rows, adapter.text_config.hidden_size, generator=torch.Generator().manual_seed(seed))
+    return scale * torch.randn(
+        rows, adapter.text_config.hidden_size, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 @pytest.mark.parametrize("rows", [1, 3])
@@ -125,7 +130,9 @@ def test_rows_sharing_their_experts(interpret, model_type, rows):  # noqa: F811
     with torch.no_grad():
         for index in (same, mixed):
             want = p.experts(x, index, weights)
-            torch.testing.assert_close(moe.routed(p.experts, x, index, weights, p.gate), want, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                moe.routed(p.experts, x, index, weights, p.gate), want, rtol=1e-5, atol=1e-5
+            )
 
 
 @pytest.mark.parametrize("rows", [1, 4])
@@ -180,6 +187,7 @@ def test_moe_ops_trace_under_torch_compile(interpret, rows):  # noqa: F811
     def block(x):
         weights, index = moe.route(x @ w.T + b, p.routing.top_k, p.routing.rule, p.routing.renormalize)
         return moe.routed_parts(p.experts, x, index, weights, p.gate).sum(0) * 2  # a wrong fake shape fails
+
     x = _inputs(adapter, rows, 5)
     with torch.no_grad():
         want = block(x)
@@ -238,12 +246,16 @@ def test_gemma4_experts_beside_the_dense_mlp_through_the_gemv(interpret):  # noq
         for p in (router.scale, router.per_expert_scale):  # away from their initial ones
             p.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(2))
         _, weights, index = router(x)
-        got_w, got_i = eng.target._branch_route(layer.branch_routing, router, x)  # the declared router's parts
+        got_w, got_i = eng.target._branch_route(
+            layer.branch_routing, router, x
+        )  # the declared router's parts
         want = experts(x, index, weights)
         torch.testing.assert_close(moe.routed(experts, x, index, weights), want)
         # the declared activation (GELU's tanh form) computed in the down kernel
         assert layer.branch_gate is not None and layer.branch_gate.kind == "gelu_tanh"
-        torch.testing.assert_close(moe.routed(experts, x * 3, index, weights, layer.branch_gate), experts(x * 3, index, weights))
+        torch.testing.assert_close(
+            moe.routed(experts, x * 3, index, weights, layer.branch_gate), experts(x * 3, index, weights)
+        )
         silu = moe.routed(experts, x * 3, index, weights, moe.ExpertGate("silu"))
         assert not torch.allclose(silu, experts(x * 3, index, weights), rtol=1e-3, atol=1e-4)
     assert torch.equal(got_i, index) and got_w.dtype == weights.dtype == torch.float32
@@ -277,7 +289,9 @@ def test_one_row_shared_expert_folds_beside_the_routed_slices(interpret, model_t
         got = t._sparse(folded[0], x)
         want = t.layers[folded[0]].mlp(x)
     assert isinstance(got, Parts) and got.more is not None
-    torch.testing.assert_close(got.total(x), want[0] if isinstance(want, tuple) else want, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        got.total(x), want[0] if isinstance(want, tuple) else want, atol=1e-5, rtol=1e-4
+    )
     cfg = GenerationConfig(max_new_tokens=6)
     prompt = _prompts(1)[0]
     assert eng.autoregressive(prompt, cfg).output_ids == _eager(adapter, drafter, prompt, cfg).output_ids

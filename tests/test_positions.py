@@ -36,7 +36,9 @@ def test_eval_refuses_a_prompt_the_target_cannot_hold_naming_its_line(short_pair
     t, d = short_pair
     res = run_cli("eval", "-t", t, "-d", d, "--data", str(prompts), "--raw", "-n", "4", "--device", "cpu")
     assert res.code == 2 and res.stdout == "", res.stderr
-    assert f"error: {prompts}:2: the prompt is 60 tokens; the target holds {POSITIONS} positions" in res.stderr
+    assert (
+        f"error: {prompts}:2: the prompt is 60 tokens; the target holds {POSITIONS} positions" in res.stderr
+    )
     assert "evaluating" not in res.stderr
 
 

@@ -58,7 +58,9 @@ def test_gdn_commit_equals_stepping_the_accepted_rows(model_type, n, recurrent):
         step_out = torch.cat([gdn(block[:, j : j + 1], "step") for j in range(n)], dim=1)
     torch.testing.assert_close(verify_out[:, :n], step_out, rtol=1e-4, atol=1e-5)
     window, state = committed
-    torch.testing.assert_close(window, gdn.window, rtol=1e-5, atol=1e-6)  # the same inputs (one-row GEMMs round apart)
+    torch.testing.assert_close(
+        window, gdn.window, rtol=1e-5, atol=1e-6
+    )  # the same inputs (one-row GEMMs round apart)
     torch.testing.assert_close(state, gdn.state, rtol=1e-4, atol=1e-5)
     if n < 8:  # the rows past n really were left out (a commit of the whole block differs)
         for s, b in zip(gdn.states(), before, strict=True):
@@ -77,7 +79,9 @@ def test_gdn_prefill_and_steps_match_the_module(model_type):
     x = torch.randn(1, 14, hidden, generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         want = gdn.gdn(x)
-        got = torch.cat([gdn(x[:, :10], "prefill")] + [gdn(x[:, j : j + 1], "step") for j in range(10, 14)], 1)
+        got = torch.cat(
+            [gdn(x[:, :10], "prefill")] + [gdn(x[:, j : j + 1], "step") for j in range(10, 14)], 1
+        )
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
@@ -144,7 +148,9 @@ GEMMA_VARIANTS = {  # the 31B / 26B-A4B layouts on the tiny Gemma 4 VLM (no KV s
 KERNELS = dict(decode_attention="split", block_attention="split", gemv=True, fused_ops=True, moe_rows=16)
 
 
-@pytest.mark.parametrize("kernels", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["torch", "kernels"])
+@pytest.mark.parametrize(
+    "kernels", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["torch", "kernels"]
+)
 @pytest.mark.parametrize("variant", sorted(GEMMA_VARIANTS))
 def test_gemma4_31b_and_26b_layouts(variant, kernels):
     """K = V global layers with their own KV heads, and the experts beside the dense MLP: the static forward's
@@ -169,13 +175,17 @@ def test_gemma4_31b_and_26b_layouts(variant, kernels):
         pos = torch.zeros((), dtype=torch.long)
         eng.target.forward(prompt, pos, prefill=True)
         got = eng.target.forward(block, pos + 10)[0]
-        torch.testing.assert_close(got, adapter.model(torch.cat([prompt, block], 1)).logits[0, -8:], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            got, adapter.model(torch.cat([prompt, block], 1)).logits[0, -8:], rtol=1e-4, atol=1e-4
+        )
         eng.target.commit(torch.tensor(2))
         got = eng.target.forward(block2, pos + 12)[0]
         want = adapter.model(torch.cat([prompt, block[:, :2], block2], 1)).logits[0, -8:]
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     cfg = GenerationConfig(max_new_tokens=16)
-    assert eng.speculative(list(range(3, 15)), cfg).output_ids == greedy_reference(adapter.model, list(range(3, 15)), 16)
+    assert eng.speculative(list(range(3, 15)), cfg).output_ids == greedy_reference(
+        adapter.model, list(range(3, 15)), 16
+    )
 
 
 # families whose own attention layers stay off the rotary + K/V kernel, and why (`static._rope_kernel`)
@@ -205,7 +215,9 @@ def test_each_family_takes_the_fused_kernels(model_type):
     assert t.gate_act == GATE_ACT.get(model_type, 1)
     assert [m.moe_parts is not None for m in t.layers] == [model_type in MOE] * len(t.layers)
     assert set(t.shared_extra) == {(model_type in SHARED_EXPERT,) * 2}
-    gdn = [g for g in t.gdn if g is not None]  # Gated-DeltaNet layers: the conv / delta-rule and gated-norm kernels
+    gdn = [
+        g for g in t.gdn if g is not None
+    ]  # Gated-DeltaNet layers: the conv / delta-rule and gated-norm kernels
     assert bool(gdn) == (model_type in HYBRID) and all(g.kernel and g.norm_kernel for g in gdn)
 
 

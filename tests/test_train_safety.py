@@ -60,7 +60,9 @@ def run(capsys, *args: str) -> tuple[int, str, str]:
 
 
 def train(capsys, target, data, out, *extra, steps: int = 1):
-    return run(capsys, "train", "--target", target, "--data", data, "--out", out, "--steps", steps, *TINY, *extra)
+    return run(
+        capsys, "train", "--target", target, "--data", data, "--out", out, "--steps", steps, *TINY, *extra
+    )
 
 
 # --- --out never deletes what the tool did not write ------------------------------------------------
@@ -98,7 +100,9 @@ def test_overwrite_never_replaces_a_directory_holding_the_runs_inputs(capsys, tm
     else:
         target = shutil.copytree(target, out / "target")
     code, _, err = train(capsys, target, data, out, "--overwrite")
-    assert code == 2 and f"refusing to replace {out}: it holds the {holds} input" in " ".join(err.split()), err
+    assert code == 2 and f"refusing to replace {out}: it holds the {holds} input" in " ".join(err.split()), (
+        err
+    )
     assert Path(data).is_file() and (Path(target) / "config.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "data.jsonl"]
 
@@ -284,7 +288,10 @@ def test_resume_skips_incomplete_checkpoints_and_names_them(capsys, tmp_path, ta
     code, stdout, err = train(capsys, target, data, out, "--resume", "--json", "--keep-checkpoints", steps=3)
     assert code == 0, err
     err = " ".join(err.split())
-    assert f"skipping incomplete checkpoint {newer}" in err and f"skipping incomplete checkpoint {partial}" in err
+    assert (
+        f"skipping incomplete checkpoint {newer}" in err
+        and f"skipping incomplete checkpoint {partial}" in err
+    )
     assert json.loads(stdout)["steps"] == 3
     assert sorted(p.name for p in root.iterdir()) == ["step-00000003"]  # the new one replaced all of them
     assert (root / "step-00000003" / checkpoints.DONE_FILE).is_file()
@@ -301,7 +308,18 @@ def test_random_kills_always_leave_a_usable_checkpoint(tmp_path, target, data):
     out, root = tmp_path / "d", tmp_path / "d-checkpoint"
     rng, last, inside = random.Random(1234), 0, 0
     env = {**os.environ, "DFLASH_ZOO_VERBOSITY": "WARNING"}
-    base = ["train", "--target", str(target), "--data", str(data), "--out", str(out), "--save-every", "1", *TINY]
+    base = [
+        "train",
+        "--target",
+        str(target),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--save-every",
+        "1",
+        *TINY,
+    ]
 
     def saving(after: int) -> bool:  # a save of a step later than `after` is being written
         return any(p.name.startswith(".step-") and _step(p) > after for p in root.iterdir())

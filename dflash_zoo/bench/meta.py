@@ -178,7 +178,11 @@ def _version(pkg: str) -> str | None:
 
 # environment variables that change what the fast engine runs (a record names those that were set)
 ENGINE_SWITCHES = (
-    "DFLASH_ZOO_KERNELS", "DFLASH_ZOO_GEMV_ROWS", "DFLASH_ZOO_MOE_ROWS", "DFLASH_ZOO_FLA", "DFLASH_ZOO_GDN_VERIFY",
+    "DFLASH_ZOO_KERNELS",
+    "DFLASH_ZOO_GEMV_ROWS",
+    "DFLASH_ZOO_MOE_ROWS",
+    "DFLASH_ZOO_FLA",
+    "DFLASH_ZOO_GDN_VERIFY",
     "DFLASH_ZOO_TUNE",
 )
 

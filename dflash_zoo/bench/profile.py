@@ -54,7 +54,8 @@ def _kernels(run: Callable[[int], None], n: int, device: torch.device, top: int)
         "kernels_per_step": sum(counts.values()) / n,
         "kernel_us_per_step": sum(times.values()) / n,
         "top": [
-            {"kernel": k, "us_per_step": round(t / n, 2), "per_step": counts[k] / n} for k, t in times.most_common(top)
+            {"kernel": k, "us_per_step": round(t / n, 2), "per_step": counts[k] / n}
+            for k, t in times.most_common(top)
         ],
     }
 

@@ -218,7 +218,13 @@ def _runners(path: str, sub: Subject, cfg: GenerationConfig, override, max_len: 
         from dflash_zoo.cuda.fast import FastEngine
 
         eng = FastEngine(
-            sub.adapter, sub.drafter, sub.mask_token_id, max_len, opts.graphs, cfg.block_size, compile=opts.compile
+            sub.adapter,
+            sub.drafter,
+            sub.mask_token_id,
+            max_len,
+            opts.graphs,
+            cfg.block_size,
+            compile=opts.compile,
         )
     ar, spec = (
         (lambda p=sub.prompt: eng.autoregressive(p, cfg)),

@@ -73,8 +73,12 @@ class Temperature(click.FloatRange):
         return number
 
 
-top_p_option = click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
-top_k_option = click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
+top_p_option = click.option(
+    "--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True
+)
+top_k_option = click.option(
+    "--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off."
+)
 
 
 def decoding_options(f):
@@ -147,7 +151,8 @@ def check_device(device: str | None) -> None:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
         raise InvalidArgumentError(
-            f"unknown device {device!r}", hint="use cpu, cuda or cuda:N (N counts from 0), or leave --device out"
+            f"unknown device {device!r}",
+            hint="use cpu, cuda or cuda:N (N counts from 0), or leave --device out",
         ) from None
     if dev.type == "cpu":
         return
@@ -219,7 +224,9 @@ def generate(
     if raw and not prompt and not images:  # before loading anything: nothing to continue from
         from dflash_zoo.errors import InvalidArgumentError
 
-        raise InvalidArgumentError("the prompt is empty", hint="give some text to continue; --raw adds nothing")
+        raise InvalidArgumentError(
+            "the prompt is empty", hint="give some text to continue; --raw adds nothing"
+        )
     pipe = load_pipeline(target, draft, device, dtype, revision, draft_revision, devices, compile_steps)
     kw = {**gen_kwargs(params), "images": list(images) or None}
     if as_json:
@@ -452,5 +459,6 @@ def _partial_timings(res: Any, elapsed: float) -> None:
 def settings_config(settings: dict[str, Any]) -> Any:
     """The `GenerationConfig` of chat settings (the keys it knows; `think` lives in the chat template)."""
     from dflash_zoo.engine.results import GenerationConfig
+
     fields = GenerationConfig.__dataclass_fields__
     return GenerationConfig(**{k: v for k, v in settings.items() if k in fields})

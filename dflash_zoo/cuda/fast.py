@@ -173,7 +173,9 @@ class FastEngine(Engine):
         self.target = StaticTarget(
             adapter, size, drafter.cfg.target_layer_ids, fuse, fast_norm, *kinds, self.block, self.moe_rows
         )
-        self.sdraft = StaticDrafter(drafter, size, fuse, fast_norm, self.block_attention, self.fused_ops, self.gemv)
+        self.sdraft = StaticDrafter(
+            drafter, size, fuse, fast_norm, self.block_attention, self.fused_ops, self.gemv
+        )
         dev, b = self.device, self.block
         self.pos = torch.zeros((), dtype=torch.long, device=dev)  # committed tokens in the target cache
         self.bonus = torch.zeros(1, dtype=torch.long, device=dev)  # last committed token, not yet verified
@@ -267,7 +269,9 @@ class FastEngine(Engine):
     # ---- whole generations ---------------------------------------------------------------------------
     def _speculative(self, prompt_ids, cfg, accept_override, prefill_inputs) -> Generation:
         if prefill_inputs:
-            raise ValueError("the fast engine takes token prompts only (image inputs run on the eager engine)")
+            raise ValueError(
+                "the fast engine takes token prompts only (image inputs run on the eager engine)"
+            )
         cfg = self._fit(prompt_ids, cfg)
         run = Run(cfg, len(prompt_ids), GREEDY_RULE if cfg.greedy else SAMPLING_RULE, self.block)
         return Generation(run, self._spec_steps(prompt_ids, run, accept_override))
@@ -306,7 +310,9 @@ class FastEngine(Engine):
         self.pos.fill_(len(prompt_ids))
         return int(self.bonus)  # sync: the first token is out
 
-    def _spec_steps(self, prompt_ids: list[int], run: Run, override: AcceptOverride | None) -> Iterator[list[int]]:
+    def _spec_steps(
+        self, prompt_ids: list[int], run: Run, override: AcceptOverride | None
+    ) -> Iterator[list[int]]:
         sampler, b = sampler_of(run.cfg), self.block
         host = torch.zeros(b + 1, dtype=torch.long, pin_memory=self.device.type == "cuda")
         with torch.inference_mode():

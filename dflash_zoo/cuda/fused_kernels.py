@@ -70,6 +70,7 @@ def rope_store(QKV, QW, KW, Cos, Sin, Pos, Q, K, V, rows, width, keys, heads, kv
         else:
             tl.store(K + ((j - heads) * keys + pos) * hd + d, y, mask=dok)
 
+
 @triton.jit
 def rms_norm(X, Dl, Dm, B, W, G, S, Y, n, splits, more, eps, offset, post, D: tl.constexpr,
              FP32_WEIGHT: tl.constexpr, GATED: tl.constexpr, ADD: tl.constexpr, PARTS: tl.constexpr,
@@ -103,6 +104,7 @@ def rms_norm(X, Dl, Dm, B, W, G, S, Y, n, splits, more, eps, offset, post, D: tl
     if POST:  # then times a constant, rounded (Gemma 4's router input)
         y = (y.to(tl.float32) * post).to(x.dtype)
     tl.store(Y + row * n + d, y, mask=ok)
+
 
 @triton.jit
 def silu_mul(G, U, Y, n, g_stride, u_stride, BLOCK: tl.constexpr):

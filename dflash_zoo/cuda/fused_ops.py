@@ -70,7 +70,9 @@ def rope_store(
     t, qspan = qkv.shape[-2], 2 * hd if gated else hd
     kv_width = (1 if k_eq_v else 2) * kvh * hd
     if qkv.shape[-1] != heads * qspan + kv_width:
-        raise ValueError(f"qkv width {qkv.shape[-1]} is not {heads} x {qspan} + {1 if k_eq_v else 2} x {kvh} x {hd}")
+        raise ValueError(
+            f"qkv width {qkv.shape[-1]} is not {heads} x {qspan} + {1 if k_eq_v else 2} x {kvh} x {hd}"
+        )
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("rope_store writes into contiguous [kvh, S, hd] caches only")
     qkv, cos, sin, positions = qkv.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous()
@@ -123,7 +125,9 @@ def rms_norm(
     x, weight = x.contiguous(), weight.contiguous()
     g = gate.contiguous() if gate is not None else x
     y = torch.empty_like(x)
-    _norm_launch(x, None, None, weight, g, None, y, eps, fp32_weight, offset, gate is not None, False, post=post)
+    _norm_launch(
+        x, None, None, weight, g, None, y, eps, fp32_weight, offset, gate is not None, False, post=post
+    )
     return y
 
 

@@ -101,7 +101,9 @@ class StaticGDN:
         self.repeat = self.kernels == "torch"
         # verify rows through `delta_rule` too (the state kept), or with `DFLASH_ZOO_GDN_VERIFY=chunk` the chunked
         # rule: on Qwen3.5-4B (16-row verify, one H200) 5.43 against 5.58 ms a DFlash step (docs/performance.md)
-        self.recurrent_verify = self.kernel and os.environ.get("DFLASH_ZOO_GDN_VERIFY", "recurrent") != "chunk"
+        self.recurrent_verify = (
+            self.kernel and os.environ.get("DFLASH_ZOO_GDN_VERIFY", "recurrent") != "chunk"
+        )
         # commit through the recurrent rule where it is one kernel (flash-linear-attention), else the closed form
         self.recurrent_commit = self.kernels == "flash-linear-attention"
         self._pending: tuple[torch.Tensor, ...] | None = None  # the last verify's (conv input, k, v, g, beta)
@@ -192,7 +194,13 @@ class StaticGDN:
         k = self._heads(k)
         if self.recurrent_commit:
             _, final = self.recurrent_rule(
-                k, k, v, g=g * keep, beta=beta * keep.to(beta.dtype), initial_state=self.state, output_final_state=True,
+                k,
+                k,
+                v,
+                g=g * keep,
+                beta=beta * keep.to(beta.dtype),
+                initial_state=self.state,
+                output_final_state=True,
                 use_qk_l2norm_in_kernel=True,
             )  # the output (k stands in for q) is not used
             self.state.copy_(final)
@@ -269,7 +277,9 @@ def window_commit(x: torch.Tensor, window: torch.Tensor, n: torch.Tensor) -> Non
     x = _rows(x)
     c, ks = x.shape[-1], window.shape[-1] + 1
     grid = (-(-c // CHANNEL_BLOCK),)
-    _kernels().window_commit[grid](x, x.stride(-2), window, n, c, KS=ks, BC=CHANNEL_BLOCK, WS=_pow2(ks - 1, 2))
+    _kernels().window_commit[grid](
+        x, x.stride(-2), window, n, c, KS=ks, BC=CHANNEL_BLOCK, WS=_pow2(ks - 1, 2)
+    )
 
 
 @window_commit.register_fake

@@ -17,7 +17,9 @@ def conv_input(X, x_stride, Win, src, c, mask, KS: tl.constexpr, ZERO: tl.conste
     x = tl.load(X + src[:, None] * x_stride + c[None, :], mask=mask & new[:, None], other=0.0)
     if ZERO:
         return x
-    w = tl.load(Win + c[None, :] * (KS - 1) + (src + KS - 1)[:, None], mask=mask & (src < 0)[:, None], other=0.0)
+    w = tl.load(
+        Win + c[None, :] * (KS - 1) + (src + KS - 1)[:, None], mask=mask & (src < 0)[:, None], other=0.0
+    )
     return tl.where(new[:, None], x, w.to(x.dtype))
 
 
@@ -53,7 +55,9 @@ def conv_gates(X, x_stride, Win, W, Bias, Out, B, b_stride, A, a_stride, ALog, D
     y = (y / (1.0 + tl.exp(-y))).to(dtype)
     part = (c >= kd).to(tl.int32) + (c >= 2 * kd).to(tl.int32)  # 0: q, 1: k, 2: v
     width = tl.where(part == 2, C - 2 * kd, kd)
-    tl.store(Out + part[None, :] * rows * kd + t[:, None] * width[None, :] + (c - part * kd)[None, :], y, mask=ok)
+    tl.store(
+        Out + part[None, :] * rows * kd + t[:, None] * width[None, :] + (c - part * kd)[None, :], y, mask=ok
+    )
     if pc == 0:  # g = -exp(A_log) * softplus(a + dt_bias) in fp32; beta = sigmoid(b) in the dtype
         h = tl.arange(0, HP)
         m = tok[:, None] & (h < hv)[None, :]
@@ -63,7 +67,9 @@ def conv_gates(X, x_stride, Win, W, Bias, Out, B, b_stride, A, a_stride, ALog, D
         g = -tl.exp(tl.load(ALog + h, mask=h < hv, other=0.0).to(tl.float32))[None, :] * soft
         tl.store(G + t[:, None] * hv + h[None, :], g, mask=m)
         b = tl.load(B + t[:, None] * b_stride + h[None, :], mask=m, other=0.0).to(tl.float32)
-        tl.store(Beta + t[:, None] * hv + h[None, :], (1.0 / (1.0 + tl.exp(-b))).to(Beta.dtype.element_ty), mask=m)
+        tl.store(
+            Beta + t[:, None] * hv + h[None, :], (1.0 / (1.0 + tl.exp(-b))).to(Beta.dtype.element_ty), mask=m
+        )
     if STORE and pr == 0:
         shift_window(X, x_stride, Win, rows, c, cok, KS, WS, ZERO)
 

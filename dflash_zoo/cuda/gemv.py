@@ -69,9 +69,15 @@ def max_rows() -> int:
 # kernel). Two or three stages: at 16 rows the best of them beat cuBLAS on the 8B shapes' q/k/v, o and down
 # (on an H200, docs/performance.md)
 GEMM_CONFIGS = [
-    (bn, bk, per_sm, 4, stages) for bn in (64, 128) for bk in (64, 128) for per_sm in (1, 2, 4) for stages in (2, 3)
+    (bn, bk, per_sm, 4, stages)
+    for bn in (64, 128)
+    for bk in (64, 128)
+    for per_sm in (1, 2, 4)
+    for stages in (2, 3)
 ]
-CUBLAS = None  # the config that runs `F.linear` instead: timed beside the kernel's where a plain output is wanted
+CUBLAS = (
+    None  # the config that runs `F.linear` instead: timed beside the kernel's where a plain output is wanted
+)
 # Qwen3-8B's gate/up timed 2% faster alone on cuBLAS, yet a step ran 208.0 tok/s with it and 214.5 with the
 # GEMV (one H200, docs/performance.md): cuBLAS must win by this fraction to be chosen
 CUBLAS_MARGIN = 0.05
@@ -110,7 +116,11 @@ def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False, scale=
         raise ValueError(f"a scaled GEMV takes one row, not {rows}")
     x2, g2 = x.reshape(rows, k), g.reshape(rows, k)  # views: rows may be strided (halves of gate/up)
     direct = direct and splits == 1
-    part = torch.empty(splits, rows, n, device=x.device, dtype=torch.float32) if not direct else x.new_empty(rows, n)
+    part = (
+        torch.empty(splits, rows, n, device=x.device, dtype=torch.float32)
+        if not direct
+        else x.new_empty(rows, n)
+    )
     _kernels()[2][(blocks, splits)](
         weight, x2, g2, part, bias if bias is not None else weight, rows, n, k, k_split, x2.stride(0), g2.stride(0),
         R=max(16, _pow2(rows)), BN=bn, BK=bk, ACT=act, DIRECT=direct, BIAS=bias is not None,
@@ -159,10 +169,16 @@ def tunes(x: torch.Tensor) -> bool:
     """Whether the kernels' configs are timed for a tensor like `x`: on CUDA, outside a graph capture (steps
     are warmed before capture), unless `DFLASH_ZOO_TUNE=0`, which takes each kernel's first config untimed (the
     GPU tests: every config is tested on its own, and timing them all costs minutes per engine)."""
-    return x.is_cuda and os.environ.get("DFLASH_ZOO_TUNE") != "0" and not torch.cuda.is_current_stream_capturing()
+    return (
+        x.is_cuda
+        and os.environ.get("DFLASH_ZOO_TUNE") != "0"
+        and not torch.cuda.is_current_stream_capturing()
+    )
 
 
-def _gemv_config(x, weight, gate, parts: bool = False, act: int = 1, in_parts: bool = False) -> tuple[int, ...] | None:
+def _gemv_config(
+    x, weight, gate, parts: bool = False, act: int = 1, in_parts: bool = False
+) -> tuple[int, ...] | None:
     """The fastest kernel config for this shape and row count, and cuBLAS too unless `parts` (partial sums
     wanted), timed once where `tunes` (else the first config).
 
@@ -179,10 +195,15 @@ def _gemv_config(x, weight, gate, parts: bool = False, act: int = 1, in_parts: b
     flush = torch.empty(2**25, device=x.device, dtype=torch.float32)
     base = _graph_ms(flush.zero_)
     extra = dict(act=act, in_parts=in_parts)
-    run = functools.partial(_gemv_parts, **extra) if parts else functools.partial(_gemv_launch, bias=None, **extra)
+    run = (
+        functools.partial(_gemv_parts, **extra)
+        if parts
+        else functools.partial(_gemv_launch, bias=None, **extra)
+    )
     candidates = configs if parts else [*configs, CUBLAS]
     times = {
-        c: _graph_ms(lambda c=c: (flush.zero_(), run(x, weight, gate=gate, config=c))) - base for c in candidates
+        c: _graph_ms(lambda c=c: (flush.zero_(), run(x, weight, gate=gate, config=c))) - base
+        for c in candidates
     }
     if CUBLAS in times:  # cuBLAS only where clearly faster: timed alone it won near-ties that lost in a step
         times[CUBLAS] *= 1 + CUBLAS_MARGIN
@@ -194,8 +215,9 @@ def _gemv_config(x, weight, gate, parts: bool = False, act: int = 1, in_parts: b
 def tuned_configs() -> dict[str, list[int] | str]:
     """The configs timed so far, by rows, K and N ("1x12288->4096+silu"), for bench records."""
     return {
-        f"{rows}x{k}->{n}{ACT_NAMES[act]}{'+in_parts' if in_parts else ''}{'+parts' if parts else ''}":
-        "cublas" if c is CUBLAS else list(c)
+        f"{rows}x{k}->{n}{ACT_NAMES[act]}{'+in_parts' if in_parts else ''}{'+parts' if parts else ''}": "cublas"
+        if c is CUBLAS
+        else list(c)
         for ((n, k), _, act, parts, rows, _, in_parts), c in _tuned.items()
     }
 
@@ -216,7 +238,9 @@ def gemv(
     _check_act(act)
     if in_parts:
         _in_parts(x, gate)
-        return _gemv_launch(x, weight, bias, gate, _gemv_config(x, weight, gate, act=act, in_parts=True), act, True)
+        return _gemv_launch(
+            x, weight, bias, gate, _gemv_config(x, weight, gate, act=act, in_parts=True), act, True
+        )
     if x.numel() // x.shape[-1] > ROWS:
         return _gemv_launch(x, weight, bias, gate, CUBLAS, act)
     x, weight, gate = _few_rows(x, weight, gate)

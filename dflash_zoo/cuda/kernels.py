@@ -158,7 +158,10 @@ def split_kv_attention(
     if _pow2(rows) * _pow2(hd) > MAX_ACCUMULATOR and rows > step:  # e.g. Gemma 4's 512-wide global heads
         parts = [slice(r, min(rows, r + step)) for r in range(0, rows, step)]
         out = torch.cat(
-            [split_kv_attention(q[:, p], k, v, bias[p], scale, None if sinks is None else sinks[:, p]) for p in parts],
+            [
+                split_kv_attention(q[:, p], k, v, bias[p], scale, None if sinks is None else sinks[:, p])
+                for p in parts
+            ],
             dim=1,
         )
         if tokens:  # [kvh, (i, t), hd] -> [t, (kvh, i), hd]

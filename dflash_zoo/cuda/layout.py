@@ -52,7 +52,9 @@ class LayerModules(NamedTuple):
     v: nn.Linear | None  # None on a KV-shared layer, or where the values are the keys (k_eq_v)
     o: nn.Linear | None
     head_dim: int | None
-    qk_norm: tuple[nn.Module, nn.Module | None] | None  # RMSNorms of q and k (k's None: KV-shared); None: none
+    qk_norm: (
+        tuple[nn.Module, nn.Module | None] | None
+    )  # RMSNorms of q and k (k's None: KV-shared); None: none
     v_norm: nn.Module | None
     kv_source: int | None  # a KV-shared layer: the layer whose K/V buffers it reads (it writes none)
     qk_norm_per_head: bool  # the q/k norms run per head (else over all heads, before the head split)
@@ -70,10 +72,14 @@ class LayerModules(NamedTuple):
     act: Callable[[torch.Tensor], torch.Tensor] | None
     attn_out_norm: nn.Module | None = None  # sandwich norms (Gemma) on the sublayer outputs
     mlp_out_norm: nn.Module | None = None
-    moe_branch: tuple[nn.Module, ...] | None = None  # (router, experts, dense out, experts in, experts out norms)
+    moe_branch: tuple[nn.Module, ...] | None = (
+        None  # (router, experts, dense out, experts in, experts out norms)
+    )
     branch_routing: ScaledRouting | None = None  # the branch router's declared parts; None: the module runs
     branch_gate: ExpertGate | None = None  # the branch experts' declared activation (in the down kernel)
-    moe_parts: MoEParts | None = None  # a sparse block's parts for the MoE kernels; None: it runs as its module
+    moe_parts: MoEParts | None = (
+        None  # a sparse block's parts for the MoE kernels; None: it runs as its module
+    )
     per_layer: tuple[nn.Module, ...] | None = None  # (gate, projection, norm, act) of the per-layer input
     scalar: torch.Tensor | None = None  # multiplies the layer's output
 
@@ -148,11 +154,16 @@ def _attention(adapter: TargetAdapter, layout: StaticLayout, kind: str, layer: n
     k = v = None
     if not shared:
         k = _linear(adapter, attn, at.k_proj, aw)
-        if not (at.k_eq_v and _lookup(adapter, attn, at.v_proj, aw) is None):  # k_eq_v: no v_proj, values = keys
+        if not (
+            at.k_eq_v and _lookup(adapter, attn, at.v_proj, aw) is None
+        ):  # k_eq_v: no v_proj, values = keys
             v = _linear(adapter, attn, at.v_proj, aw)
     qk = None
     if at.q_norm is not None:
-        qk = (_lookup(adapter, attn, at.q_norm, aw), None if shared else _lookup(adapter, attn, at.k_norm, aw))
+        qk = (
+            _lookup(adapter, attn, at.q_norm, aw),
+            None if shared else _lookup(adapter, attn, at.k_norm, aw),
+        )
     v_norm = _lookup(adapter, attn, at.v_norm, aw) if at.v_norm is not None and not shared else None
     window = None
     if kind == "sliding_attention":
@@ -225,7 +236,9 @@ def _moe_parts(adapter: TargetAdapter, layout: StaticLayout, block: nn.Module, w
     routing = gate = None
     if moe.routing is not None:
         if not isinstance(getattr(router, "weight", None), torch.Tensor) or not hasattr(router, "top_k"):
-            raise UnsupportedModelError(f"{where}.{moe.router} has no weight and top_k for its declared routing")
+            raise UnsupportedModelError(
+                f"{where}.{moe.router} has no weight and top_k for its declared routing"
+            )
         renorm = getattr(router, moe.renormalize) if isinstance(moe.renormalize, str) else moe.renormalize
         routing = Routing(moe.routing, int(router.top_k), bool(renorm))
     gate = _expert_gate(adapter, moe.expert_gate, "hidden_act", experts)
@@ -234,11 +247,16 @@ def _moe_parts(adapter: TargetAdapter, layout: StaticLayout, block: nn.Module, w
     names = (layout.mlp.gate_proj, layout.mlp.up_proj, layout.mlp.down_proj) if layout.mlp else ()
     if shared is not None and names and all(hasattr(shared, n) for n in names):  # runs as a dense MLP would
         sw = f"{where}.{moe.shared_expert}"
-        mlp = (*(_linear(adapter, shared, n, sw) for n in names), _lookup(adapter, shared, layout.mlp.act_fn, sw))
+        mlp = (
+            *(_linear(adapter, shared, n, sw) for n in names),
+            _lookup(adapter, shared, layout.mlp.act_fn, sw),
+        )
     return MoEParts(router, args, experts, shared, get(moe.shared_expert_gate), routing, gate, mlp)
 
 
-def _expert_gate(adapter: TargetAdapter, kind: str | None, activation: str, experts: nn.Module) -> ExpertGate | None:
+def _expert_gate(
+    adapter: TargetAdapter, kind: str | None, activation: str, experts: nn.Module
+) -> ExpertGate | None:
     """The declared experts' activation for the down kernel, where the config's activation is the one it stands
     for (`EXPERT_GATES`); else None (the module's `_apply_gate` runs)."""
     acts = EXPERT_GATES.get(kind)
@@ -254,13 +272,17 @@ def _extras(adapter: TargetAdapter, layout: StaticLayout, layer: nn.Module, wher
     get = lambda name: _lookup(adapter, layer, name, where)  # noqa: E731
     out: dict[str, Any] = {}
     if layout.sandwich is not None:
-        out |= dict(attn_out_norm=get(layout.sandwich.attention_out), mlp_out_norm=get(layout.sandwich.mlp_out))
+        out |= dict(
+            attn_out_norm=get(layout.sandwich.attention_out), mlp_out_norm=get(layout.sandwich.mlp_out)
+        )
     pm = layout.parallel_moe
     if pm is not None and get(pm.enabled):
         names = (pm.router, pm.experts, pm.dense_out_norm, pm.experts_in_norm, pm.experts_out_norm)
         out["moe_branch"] = tuple(get(n) for n in names)
         if pm.routing is not None:
-            out["branch_routing"] = _scaled_routing(adapter, pm.routing, out["moe_branch"][0], f"{where}.{pm.router}")
+            out["branch_routing"] = _scaled_routing(
+                adapter, pm.routing, out["moe_branch"][0], f"{where}.{pm.router}"
+            )
         out["branch_gate"] = _expert_gate(adapter, pm.expert_gate, pm.activation, out["moe_branch"][1])
     pli = layout.per_layer_input
     if pli is not None and getattr(adapter.text_config, pli.width, None):
@@ -282,7 +304,9 @@ def _scaled_routing(adapter: TargetAdapter, r: ScaledRouter, router: nn.Module, 
     )  # fmt: skip
 
 
-def _link_shared_kv(adapter: TargetAdapter, layout: StaticLayout, layers: list[LayerModules]) -> list[LayerModules]:
+def _link_shared_kv(
+    adapter: TargetAdapter, layout: StaticLayout, layers: list[LayerModules]
+) -> list[LayerModules]:
     """Point each KV-shared layer at the layer of its type that stores K/V for it."""
     at = layout.attention
     if at.kv_shared is None:
@@ -296,7 +320,9 @@ def _link_shared_kv(adapter: TargetAdapter, layout: StaticLayout, layers: list[L
     for i, m in enumerate(layers):
         if m.kv_source == -1:
             if m.kind not in store:
-                raise UnsupportedModelError(f"KV-shared layer {i} ({m.kind}) has no earlier layer storing its K/V")
+                raise UnsupportedModelError(
+                    f"KV-shared layer {i} ({m.kind}) has no earlier layer storing its K/V"
+                )
             m = m._replace(kv_source=store[m.kind])
         out.append(m)
     return out

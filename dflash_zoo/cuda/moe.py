@@ -47,7 +47,11 @@ CONFIGS = [(32, 128, 4), (16, 128, 4), (16, 256, 4), (32, 256, 8), (16, 512, 8),
 # rows on an H200 gpt-oss-20b picked (64, 128, 4, 2), the Qwen MoE shapes (128, 128, 8, 3) and (128, 64, 4, 3)
 GROUPED_CONFIGS = [(64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 4, 2), (128, 64, 4, 3), (32, 128, 4, 3),
                    (128, 128, 8, 3), (32, 256, 4, 2)]  # fmt: skip
-GATES = {None: 0, "clamped_swiglu": 2, **ACTS}  # SparseMoE.expert_gate -> the kernel's ACT (gemv's for SiLU, GELU)
+GATES = {
+    None: 0,
+    "clamped_swiglu": 2,
+    **ACTS,
+}  # SparseMoE.expert_gate -> the kernel's ACT (gemv's for SiLU, GELU)
 _tuned: dict[tuple, tuple[int, ...]] = {}
 
 
@@ -150,7 +154,16 @@ def _launch(x, weight, bias, experts, transposed, act, limit, alpha, routing, to
         out = torch.empty(top_k, tokens, n, device=x.device, dtype=torch.float32)
     else:
         out = torch.empty(pairs, n, device=x.device, dtype=x.dtype)
-    args = (x, weight, bias if bias is not None else out, experts, routing if routing is not None else out, out, n, k)
+    args = (
+        x,
+        weight,
+        bias if bias is not None else out,
+        experts,
+        routing if routing is not None else out,
+        out,
+        n,
+        k,
+    )
     flags = dict(BIAS=bias is not None, ACT=act, WEIGHTED=routing is not None, num_warps=config[2])
     if len(config) == 3:
         _kernels()[0][(pairs, -(-n // config[0]))](
@@ -172,7 +185,16 @@ def _config(x, weight, bias, experts, transposed, act, limit, alpha, routing, to
     drawn at random (distinct within a token); the first one where `gemv.tunes` says no."""
     tokens = experts.numel() // top_k
     configs = CONFIGS if tokens == 1 else GROUPED_CONFIGS
-    key = (tuple(weight.shape), weight.dtype, transposed, act, routing is not None, experts.numel(), tokens, x.device)
+    key = (
+        tuple(weight.shape),
+        weight.dtype,
+        transposed,
+        act,
+        routing is not None,
+        experts.numel(),
+        tokens,
+        x.device,
+    )
     if key in _tuned:
         return _tuned[key]
     if not tunes(x):
@@ -193,7 +215,9 @@ def _config(x, weight, bias, experts, transposed, act, limit, alpha, routing, to
 def tuned_configs() -> dict[str, list[int]]:
     """The configs timed so far, by pairs, weight shape and kernel ("8x[128, 1536, 2048]+act1+weighted")."""
     return {
-        f"{pairs}x{list(shape)}{'T' if t else ''}{f'+act{act}' if act else ''}{'+weighted' if w else ''}": list(c)
+        f"{pairs}x{list(shape)}{'T' if t else ''}{f'+act{act}' if act else ''}{'+weighted' if w else ''}": list(
+            c
+        )
         for (shape, _, t, act, w, pairs, _, _), c in _tuned.items()
     }
 
@@ -217,7 +241,9 @@ def expert_linear(
     projection. With `routing` [S], the outputs times their weights, in fp32 slices [top_k, S / top_k, N]
     (slice j: every token's j-th expert) whose sum over slices is the weighted sum."""
     if top_k < 1 or experts.numel() % top_k or experts.numel() % x.shape[0]:
-        raise ValueError(f"{experts.numel()} pairs are not top_k={top_k} per token over {x.shape[0]} input rows")
+        raise ValueError(
+            f"{experts.numel()} pairs are not top_k={top_k} per token over {x.shape[0]} input rows"
+        )
     x = x if x.stride(-1) == 1 else x.contiguous()
     experts = experts.contiguous()
     routing = routing.contiguous() if routing is not None else None
@@ -244,12 +270,25 @@ def routed_parts(
     pairs = index.reshape(-1)  # [N * k]: token t's experts at t * k ...
     up_bias = experts.gate_up_proj_bias if experts.has_bias else None
     h = expert_linear(x, experts.gate_up_proj, up_bias, pairs, experts.is_transposed, k)  # [N * k, 2I]
-    act, limit, alpha = GATES[gate.kind if gate else None], gate.limit if gate else 0.0, gate.alpha if gate else 0.0
+    act, limit, alpha = (
+        GATES[gate.kind if gate else None],
+        gate.limit if gate else 0.0,
+        gate.alpha if gate else 0.0,
+    )
     if not act:
         h = experts._apply_gate(h)  # [N * k, I]: the family's activation over its gate / up layout
     down_bias = experts.down_proj_bias if experts.has_bias else None
     return expert_linear(
-        h, experts.down_proj, down_bias, pairs, experts.is_transposed, k, act, limit, alpha, weights.reshape(-1)
+        h,
+        experts.down_proj,
+        down_bias,
+        pairs,
+        experts.is_transposed,
+        k,
+        act,
+        limit,
+        alpha,
+        weights.reshape(-1),
     )  # [k, N, H]
 
 

@@ -47,7 +47,9 @@ def _kernel():
             lo = tl.load(Lo + (k - 1) * rows + r)
             c = tl.arange(0, C)
             at = (((k - 1) * rows + r) * n_chunks + c[:, None]) * K + d[None, :]
-            above = tl.sum(tl.load(Sums + at, mask=(c < n_chunks)[:, None], other=0.0), 0)  # [K], chunks in order
+            above = tl.sum(
+                tl.load(Sums + at, mask=(c < n_chunks)[:, None], other=0.0), 0
+            )  # [K], chunks in order
             # candidates whose mass above is still >= top_p are too low; they form a prefix of slots 1..K-1
             too_low = tl.sum(((above >= top_p) & (d > 0)).to(tl.int64), 0)
             lo = lo + too_low * (1 << (32 - DIGIT * k))
@@ -81,7 +83,9 @@ def _chunks(rows: int, vocab: int, device: torch.device) -> tuple[int, int]:
 def nucleus_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """probs [R, V] fp32 (rows sum to 1) -> probs inside each row's nucleus, 0 outside (not renormalised)."""
     if probs.dtype != torch.float32 or probs.dim() != 2:
-        raise ValueError(f"nucleus_mask takes [rows, vocab] fp32 probabilities, not {probs.dtype} {list(probs.shape)}")
+        raise ValueError(
+            f"nucleus_mask takes [rows, vocab] fp32 probabilities, not {probs.dtype} {list(probs.shape)}"
+        )
     probs = probs.contiguous()
     rows, vocab = probs.shape
     chunk, n_chunks = _chunks(rows, vocab, probs.device)
@@ -91,7 +95,9 @@ def nucleus_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     run = _kernel()
     meta = dict(C=max(2, 1 << (n_chunks - 1).bit_length()), K=CANDIDATES, N=BLOCK, DIGIT=DIGIT)
     for k in range(PASSES + 1):  # the last launch writes the output
-        run[(rows, n_chunks)](probs, out, lo, sums, top_p, vocab, chunk, n_chunks, k, KEEP=k == PASSES, **meta)
+        run[(rows, n_chunks)](
+            probs, out, lo, sums, top_p, vocab, chunk, n_chunks, k, KEEP=k == PASSES, **meta
+        )
     return out
 
 

@@ -59,9 +59,7 @@ class PlacementPlan:
 
     def describe(self) -> str:
         ranges = ", ".join(f"layers {a}-{b} on {d}" for d, a, b in self.layer_ranges())
-        gib = ", ".join(
-            f"{d} {human_size(b)}" for d, b in zip(self.devices, self.device_bytes, strict=True)
-        )
+        gib = ", ".join(f"{d} {human_size(b)}" for d, b in zip(self.devices, self.device_bytes, strict=True))
         stem = self.devices[self.stem_device]
         return f"placement: {ranges}; embeddings on {stem}; norm + head + drafter on {self.head} ({gib})"
 

@@ -132,7 +132,9 @@ def after_attention(target: Any, i: int, x: torch.Tensor, h: Any) -> tuple[torch
     m, norm = target.layers[i], target.norm
     weights = [m.post_norm.weight]
     r = m.branch_routing
-    if m.moe_branch is not None:  # the experts' input norm, and the router's input: a weightless norm x scales
+    if (
+        m.moe_branch is not None
+    ):  # the experts' input norm, and the router's input: a weightless norm x scales
         weights += [m.moe_branch[3].weight, r.scale]
     d, parts = _as_delta(h, x)
     x, normed = sandwich_add(
@@ -142,7 +144,9 @@ def after_attention(target: Any, i: int, x: torch.Tensor, h: Any) -> tuple[torch
     return x, list(normed)
 
 
-def after_mlp(target: Any, i: int, x: torch.Tensor, dense: Any, routed: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def after_mlp(
+    target: Any, i: int, x: torch.Tensor, dense: Any, routed: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Residual x [1, T, H] plus the MLP's outputs (the dense one; `routed` the parallel experts', or None),
     normed and summed as the layer declares, times the layer scalar -> (the layer's output, the next layer's
     input norm of it (the final norm after the last layer))."""

@@ -44,7 +44,9 @@ def sandwich_add(X, D1, W1, D2, W2, WO, Sc, N1, N2, N3, S, Y, rows, n, s1, s2, e
     if TWO:  # a second branch beside it, normed on its own, then the two summed (rounded)
         b = delta_row(D2, row, rows, n, d, ok, s2, PARTS2).to(dt).to(tl.float32)
         ra, rb = rstd(a, n, eps), rstd(b, n, eps)
-        a = scaled(a, ra, W1, d, ok, offset, dt, FP32_WEIGHT) + scaled(b, rb, W2, d, ok, offset, dt, FP32_WEIGHT)
+        a = scaled(a, ra, W1, d, ok, offset, dt, FP32_WEIGHT) + scaled(
+            b, rb, W2, d, ok, offset, dt, FP32_WEIGHT
+        )
         a = a.to(dt).to(tl.float32)
     else:
         a = scaled(a, rstd(a, n, eps), W1, d, ok, offset, dt, FP32_WEIGHT)

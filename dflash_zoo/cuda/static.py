@@ -290,7 +290,9 @@ def _rope_kernel(m, opts: QKVOptions, eps: float) -> bool:
     return vn is None or (getattr(vn, "weight", None) is None and norm_eps(vn) == eps)
 
 
-def _qkv_store(proj, x, heads: int, norm, qk, rope, positions, buffers, fused: bool, opts: QKVOptions = PLAIN):
+def _qkv_store(
+    proj, x, heads: int, norm, qk, rope, positions, buffers, fused: bool, opts: QKVOptions = PLAIN
+):
     """x [1, T, H] through `proj` (q/k/v, or k/v alone with heads 0) -> q [1, heads, T, hd], normed by the
     `qk` modules (q_norm, k_norm; None: no qk norm) and rotated by `rope` (cos, sin); None with heads 0. k is
     normed and rotated the same way and written with v into `buffers` ([1, kvh, S, hd] each) at `positions`.
@@ -371,13 +373,19 @@ class StaticTarget:
         mods = resolve(adapter)  # every module through the adapter's `static_layout`
         self.layers, self.final_norm, self.rotary_emb = mods.layers, mods.final_norm, mods.rotary_emb
         layout, text = mods.layout, adapter.text_config
-        self.halves, self.axes, self.by_type = layout.rotary_halves, layout.rotary_axes, layout.rotary_by_layer_type
+        self.halves, self.axes, self.by_type = (
+            layout.rotary_halves,
+            layout.rotary_axes,
+            layout.rotary_by_layer_type,
+        )
         self.gemv = gemv  # few-row projections through `gemv_ops.gemv` (split over K)
         llama = layout.norms == "llama"  # the declared RMSNorm formula (the norm kernel computes each)
         self.decode_attend = DECODE_ATTENTION[decode_attention]  # T = 1 steps only
         self.block_attend = BLOCK_ATTENTION[block_attention]  # verify steps (T > 1)
         self.silu = mods.activation == "silu"  # the kernels' fused SwiGLU
-        self.gate_act = gemv_ops.ACTS.get(mods.activation, 0)  # the dense MLPs' activation in the GEMV (0: none)
+        self.gate_act = gemv_ops.ACTS.get(
+            mods.activation, 0
+        )  # the dense MLPs' activation in the GEMV (0: none)
         self.swiglu = fused_ops and self.silu  # silu(gate) * up through `fused_ops.silu_mul`
         self.heads = text.num_attention_heads
         if layout.norms != "llama" and layout.norms not in FP32_NORMS:
@@ -394,16 +402,22 @@ class StaticTarget:
         self.opts = [QKVOptions(m.output_gate, m.qk_norm_per_head, m.v_norm, m.kv_source is not None)
                      for m in self.layers]  # fmt: skip
         # q/k norm + rotary + K/V writes in one kernel where `_rope_kernel` accepts the layer
-        self.rope_kernel = [fused_ops and _rope_kernel(m, o, mods.eps) for m, o in zip(self.layers, self.opts, strict=True)]
+        self.rope_kernel = [
+            fused_ops and _rope_kernel(m, o, mods.eps) for m, o in zip(self.layers, self.opts, strict=True)
+        ]
         # GDN layers: their own static states; the input projections as one GEMM, split by the adapter
         self.gdn = [StaticGDN(m.gdn, m.gdn_parts, adapter.gdn_split, fused_ops, fuse, gemv) if m.gdn is not None
                     else None for m in self.layers]  # fmt: skip
         # dense MLPs only: a sparse MoE block runs as its module or its declared parts (`_sparse`): None here
-        self.gate_up = [FusedLinear([m.gate, m.up], fuse, gemv) if m.gate is not None else None for m in self.layers]
+        self.gate_up = [
+            FusedLinear([m.gate, m.up], fuse, gemv) if m.gate is not None else None for m in self.layers
+        ]
         # a sparse block's shared expert with dense projection names: fused the same way, with its one-logit gate
         # (where that is a plain linear, `_shared`) and its router's logits (`_route`) as further outputs
         self.shared_gate_up: list[FusedLinear | None] = [None] * len(self.layers)
-        self.shared_extra: list[tuple[bool, bool]] = [(False, False)] * len(self.layers)  # (logit, router) fused
+        self.shared_extra: list[tuple[bool, bool]] = [(False, False)] * len(
+            self.layers
+        )  # (logit, router) fused
         for i, p in enumerate(m.moe_parts for m in self.layers):
             if p is not None and p.shared_mlp:
                 logit, router = _logit(p.shared_gate, p.shared_mlp[0]), _router(p, moe_rows)
@@ -418,11 +432,17 @@ class StaticTarget:
         # sliding layers keep a ring of R >= window + 2 * max_rows slots (slot = position % R) where that is
         # shorter than the buffers: a verify's writes then only replace keys outside every live query's window
         # (also after a rollback), so the rows a later step needs are never overwritten early
-        self.ring = [self._ring_size(m.window, max_rows, max_len) if m.q is not None else None for m in self.layers]
+        self.ring = [
+            self._ring_size(m.window, max_rows, max_len) if m.q is not None else None for m in self.layers
+        ]
         # per ring size: the position each slot holds (never written: far below any window)
-        self.slot_pos = {r: torch.full((r,), -(2**40), dtype=torch.long, device=dev) for r in set(self.ring) if r}
+        self.slot_pos = {
+            r: torch.full((r,), -(2**40), dtype=torch.long, device=dev) for r in set(self.ring) if r
+        }
         self.k, self.v = self._kv_buffers(max_len)
-        self.group = [self.heads // k.shape[1] if k is not None else 0 for k in self.k]  # query heads per K/V head
+        self.group = [
+            self.heads // k.shape[1] if k is not None else 0 for k in self.k
+        ]  # query heads per K/V head
         self.key_pos = torch.arange(max_len, device=dev)  # [S]
         self._scratch: dict[int, tuple] = {}  # prefill only: full-prompt K/V of ring layers
         self.has_attention = any(q is not None for q in self.qkv)  # else no rotary tables to compute
@@ -433,7 +453,9 @@ class StaticTarget:
     def _folds(self, final_norm) -> tuple[list[bool], list[bool]]:
         if not self.gemv:
             return [False] * len(self.layers), [False] * len(self.layers)
-        fuses = [self.norm.fuses(n, self.dtype) for n in (*(m.input_norm for m in self.layers[1:]), final_norm)]
+        fuses = [
+            self.norm.fuses(n, self.dtype) for n in (*(m.input_norm for m in self.layers[1:]), final_norm)
+        ]
         # an attention or GDN layer's output projection, summed by the next norm's kernel or the sandwich kernel
         o = [(q is not None or m.gdn is not None)
              and (m.attn_out_norm is None and self.norm.fuses(m.post_norm, self.dtype) or sandwich_layer)
@@ -466,7 +488,9 @@ class StaticTarget:
         for i, m in enumerate(self.layers):
             if m.k is not None:
                 w, rows = m.k.weight, self.ring[i] or max_len
-                k[i] = torch.zeros(1, m.k.out_features // m.head_dim, rows, m.head_dim, device=w.device, dtype=w.dtype)
+                k[i] = torch.zeros(
+                    1, m.k.out_features // m.head_dim, rows, m.head_dim, device=w.device, dtype=w.dtype
+                )
                 v[i] = torch.zeros_like(k[i])
         for i, m in enumerate(self.layers):
             if m.kv_source is not None:
@@ -552,7 +576,9 @@ class StaticTarget:
         out = self._experts(p.experts, flat, index, weights, p.gate)
         fold = isinstance(out, Parts) and self.fold_down[i]
         shared = self._shared(i, flat, shared_in, fold) if p.shared is not None else None
-        if fold and not isinstance(shared, torch.Tensor):  # summed into the residual by the next norm's kernel
+        if fold and not isinstance(
+            shared, torch.Tensor
+        ):  # summed into the residual by the next norm's kernel
             return out if shared is None else Parts(out.sums, None, shared.sums)
         out = _summed(out, flat)
         return (out if shared is None else out + shared).reshape(x.shape)
@@ -562,7 +588,9 @@ class StaticTarget:
         dense names, its gate an output of the fused projection, no down bias."""
         p = self.layers[i].moe_parts
         fused_logit = self.shared_extra[i][0]
-        return self.shared_gate_up[i] is not None and fused_logit and self.silu and p.shared_mlp[2].bias is None
+        return (
+            self.shared_gate_up[i] is not None and fused_logit and self.silu and p.shared_mlp[2].bias is None
+        )
 
     def _shared(self, i: int, x, projected, fold: bool) -> torch.Tensor | Parts:
         """The always-on expert over rows x [N, H], gated per row: sigmoid(shared_gate(x)) * shared(x); for one
@@ -629,7 +657,9 @@ class StaticTarget:
             router, experts, dense_out, experts_in, experts_out = m.moe_branch
             flat = x.reshape(-1, x.shape[-1])  # [T, H]
             weights, index = self._branch_route(m.branch_routing, router, flat)  # [T, k] each
-            routed = _summed(self._experts(experts, self.norm(experts_in, flat), index, weights, m.branch_gate), flat)
+            routed = _summed(
+                self._experts(experts, self.norm(experts_in, flat), index, weights, m.branch_gate), flat
+            )
             routed = routed.reshape(x.shape)
             out = self.norm(dense_out, out) + self.norm(experts_out, routed)
         return x, self.norm(m.mlp_out_norm, out) if m.mlp_out_norm is not None else out
@@ -664,7 +694,9 @@ class StaticTarget:
 
     def _rope(self, emb, positions) -> dict:
         """(cos, sin) [T, rot] by layer type (one entry, None, unless the tables differ by type)."""
-        ids = positions[None, None].expand(self.axes, 1, -1) if self.axes else positions[None]  # mRoPE: [3, 1, T]
+        ids = (
+            positions[None, None].expand(self.axes, 1, -1) if self.axes else positions[None]
+        )  # mRoPE: [3, 1, T]
         kinds = {m.kind for m in self.layers if m.q is not None} if self.by_type else {None}
         rope = {}
         for kind in kinds if self.has_attention else ():

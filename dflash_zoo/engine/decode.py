@@ -117,7 +117,12 @@ class _Autoregressive(Generation):
     """Plain one-token-at-a-time decoding with the same cache and sampling code (the baseline)."""
 
     def __init__(self, adapter: TargetAdapter, prompt_ids: list[int], cfg: GenerationConfig, device):
-        self.adapter, self.prompt, self.cfg, self.device = adapter, list(prompt_ids), cfg, torch.device(device)
+        self.adapter, self.prompt, self.cfg, self.device = (
+            adapter,
+            list(prompt_ids),
+            cfg,
+            torch.device(device),
+        )
         super().__init__(Run(cfg, len(prompt_ids), AR_RULE), self._steps())
 
     def _steps(self) -> Iterator[list[int]]:

@@ -184,7 +184,9 @@ def check_output(out: Path, overwrite: bool = False, flag: str = "--overwrite") 
     why = _protected(out)
     if why:
         raise InvalidArgumentError(f"refusing to replace {out}: {why}", hint="choose a new output directory")
-    check_writable(out, "output directory")  # a read-only mount (or, for non-root, a 0555 dir) cannot be swapped
+    check_writable(
+        out, "output directory"
+    )  # a read-only mount (or, for non-root, a 0555 dir) cannot be swapped
     if not any(out.iterdir()):
         return
     if not overwrite and not is_ours(out):

@@ -131,7 +131,9 @@ class GenerationResult:
         }
 
 
-def fit_to_positions(cfg: GenerationConfig, prompt_tokens: int, max_positions: int | None) -> GenerationConfig:
+def fit_to_positions(
+    cfg: GenerationConfig, prompt_tokens: int, max_positions: int | None
+) -> GenerationConfig:
     """Refuse a prompt the target cannot hold, and cap `max_new_tokens` to the positions left after it.
 
     `max_positions` is the target's `max_position_embeddings` (None: unknown, nothing capped). A prompt that

@@ -74,4 +74,6 @@ def choose_engine(
             return EngineChoice("eager", f"auto: {unverified} (fast=True runs it)")
     if reason is not None:
         return EngineChoice("eager", f"fast engine unavailable: {reason}")
-    return EngineChoice("fast", "static buffers and CUDA graphs" if cuda else "static buffers (no graphs off CUDA)")
+    return EngineChoice(
+        "fast", "static buffers and CUDA graphs" if cuda else "static buffers (no graphs off CUDA)"
+    )

@@ -65,7 +65,9 @@ def find(root: Path) -> tuple[Path | None, list[Path]]:
     if not root.is_dir():
         return None, []
     dirs = [p for p in root.iterdir() if p.is_dir() and (_STEP.fullmatch(p.name) or _TEMP.fullmatch(p.name))]
-    dirs.sort(key=lambda p: (int(re.search(r"\d{8,}", p.name).group()), p.name.startswith("step")), reverse=True)
+    dirs.sort(
+        key=lambda p: (int(re.search(r"\d{8,}", p.name).group()), p.name.startswith("step")), reverse=True
+    )
     skipped = []
     for p in dirs:
         if _STEP.fullmatch(p.name) and (p / DONE_FILE).is_file():
@@ -126,7 +128,12 @@ def load_state(directory: Path) -> dict:
     path = directory / STATE_FILE
     try:
         state = torch.load(path, weights_only=True)
-    except (EOFError, RuntimeError, OSError, ValueError) as exc:  # EOFError: empty file; RuntimeError: truncated
+    except (
+        EOFError,
+        RuntimeError,
+        OSError,
+        ValueError,
+    ) as exc:  # EOFError: empty file; RuntimeError: truncated
         raise _state_error(path, directory, f"the file is empty or truncated ({type(exc).__name__})") from exc
     if not isinstance(state, dict) or not {"step", "optimizer", "rng"} <= set(state):
         raise CheckpointError(f"trainer state {path} lacks step / optimizer / rng")

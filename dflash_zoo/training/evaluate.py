@@ -146,5 +146,7 @@ def load_prompts(
         raise DataError("the target has no tokenizer; eval needs one to read text prompts")
     records = read_jsonl(path, limit)
     ids = [prompt_ids(r, tokenizer, raw, chat_kwargs, prompt_tokens) for r in records]
-    refuse_long_prompts([len(i) for i in ids], [f"{path}:{r.line}" for r in records], positions, LONG_LINE_HINT)
+    refuse_long_prompts(
+        [len(i) for i in ids], [f"{path}:{r.line}" for r in records], positions, LONG_LINE_HINT
+    )
     return ids

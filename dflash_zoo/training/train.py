@@ -192,12 +192,16 @@ def save_checkpoint(model: DFlashDrafter, opt: Any, step: int, gen: torch.Genera
 
     def write(directory: Path) -> None:
         write_drafter_files(model, directory)
-        torch.save({"step": step, "optimizer": opt.state_dict(), "rng": gen.get_state()}, directory / STATE_FILE)
+        torch.save(
+            {"step": step, "optimizer": opt.state_dict(), "rng": gen.get_state()}, directory / STATE_FILE
+        )
 
     return checkpoints.save(root, step, write)
 
 
-def save_output(model: DFlashDrafter, directory: Path, dtype: torch.dtype, meta: dict, overwrite: bool) -> None:
+def save_output(
+    model: DFlashDrafter, directory: Path, dtype: torch.dtype, meta: dict, overwrite: bool
+) -> None:
     """The final z-lab drafter in `dtype`, plus the training settings as `training_args.json`."""
     import json
 
@@ -375,7 +379,9 @@ def train(
             checkpoints.remove(root)  # only after the output is in place
     if tr.world > 1:
         torch.distributed.barrier()
-    return TrainResult(str(out), run.steps, run.loss, run.tau, run.seconds, run.tokens_per_second, run.history)
+    return TrainResult(
+        str(out), run.steps, run.loss, run.tau, run.seconds, run.tokens_per_second, run.history
+    )
 
 
 @dataclass(frozen=True)

@@ -237,4 +237,3 @@ def _installed(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
-

@@ -82,7 +82,9 @@ class Entry:
     draft_size_bytes: int | None
     notes: str
     target_revision: str = "main"  # "main" where no commit is known
-    draft_license: str | None = None  # the drafter repo's own licence (`license` is the target's); None: unknown
+    draft_license: str | None = (
+        None  # the drafter repo's own licence (`license` is the target's); None: unknown
+    )
     draft_gated: bool | None = None  # the drafter repo alone; None: not recorded
     gated_seen: str | None = None  # when the gated flags were last observed (YYYY-MM-DD); None: not recorded
     target_params_b: float | None = None  # total parameters, billions (bf16 weights = 2 bytes each)

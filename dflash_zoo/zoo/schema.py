@@ -66,7 +66,9 @@ _KIND_OK = {
     "num": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
     "bool": lambda v: isinstance(v, bool),
     "dict": lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
-    "{str:int}": lambda v: isinstance(v, dict) and all(_KIND_OK["str"](k) and _KIND_OK["int"](x) for k, x in v.items()),
+    "{str:int}": lambda v: (
+        isinstance(v, dict) and all(_KIND_OK["str"](k) and _KIND_OK["int"](x) for k, x in v.items())
+    ),
     "[str]": lambda v: isinstance(v, list) and all(_KIND_OK["str"](x) for x in v),
     "[int]": lambda v: isinstance(v, list) and all(_KIND_OK["int"](x) for x in v),
     "target": lambda v: isinstance(v, dict),
@@ -142,7 +144,9 @@ def _check_facts(raw: dict, where: str) -> None:
             f"[0, {t['num_hidden_layers']}) (target.num_hidden_layers)"
         )
     masks = {"draft.mask_token_id": d["mask_token_id"]}
-    masks.update({f"draft.mask_token_ids_seen[{k!r}]": v for k, v in (d.get("mask_token_ids_seen") or {}).items()})
+    masks.update(
+        {f"draft.mask_token_ids_seen[{k!r}]": v for k, v in (d.get("mask_token_ids_seen") or {}).items()}
+    )
     for key, mask in masks.items():
         if mask is not None and not 0 <= mask < t["vocab_size"]:
             raise ConfigError(f"{where}: field {key!r} {mask} outside [0, {t['vocab_size']})")
