@@ -14,6 +14,7 @@ from dflash_zoo.adapters import get_adapter
 from dflash_zoo.engine.checkpoint import TARGET_FILES, load_drafter, resolve_dir
 from dflash_zoo.engine.drafter import DFlashDrafter
 from dflash_zoo.engine.select import EngineOptions
+from dflash_zoo.engine.target_files import check_target_dir
 from dflash_zoo.errors import (
     ConfigError,
     IncompatiblePairError,
@@ -90,6 +91,7 @@ def load_target(source: Any, device: str, dtype: torch.dtype, revision: str | No
     if not isinstance(source, str | Path):
         return source, None
     directory = resolve_dir(source, revision, TARGET_FILES)
+    check_target_dir(Path(directory))  # config and weight headers: one line naming the file, not a traceback
     from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(directory)
@@ -196,7 +198,7 @@ def resolve_devices(device_map: str | list[str] | None, device: str | None) -> t
         return device or default_device(), None
     if device is not None:
         raise ConfigError("pass either a device or a device map, not both", hint="drop --device")
-    from dflash_zoo.cuda.placement import parse_devices
+    from dflash_zoo.cuda.placement.plan import parse_devices
 
     devices = parse_devices(device_map)
     if len(devices) == 1:
@@ -207,7 +209,7 @@ def resolve_devices(device_map: str | list[str] | None, device: str | None) -> t
 
 def _place(adapter: Any, drafter: DFlashDrafter, devices: list[str]) -> Any:
     """Split the target over `devices` (the drafter's bytes planned on the head's device), then move the drafter."""
-    from dflash_zoo.cuda.placement import apply_placement, module_bytes, plan_placement
+    from dflash_zoo.cuda.placement.plan import apply_placement, module_bytes, plan_placement
 
     plan = plan_placement(adapter, devices, reserve_bytes=module_bytes(drafter))
     placement = apply_placement(adapter.model, adapter, plan)

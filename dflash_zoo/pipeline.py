@@ -114,7 +114,7 @@ class Pipeline:
             for stale in [k for k in self._engines if k.startswith("fast")]:
                 del self._engines[stale]  # an engine is a reference cycle (its step table): free buffers now
             gc.collect()
-            from dflash_zoo.cuda.fast import FastEngine
+            from dflash_zoo.cuda.static.fast import FastEngine
 
             eng = FastEngine(
                 self.adapter,

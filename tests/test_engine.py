@@ -16,7 +16,7 @@ from dflash_zoo.adapters import get_adapter
 
 from dflash_zoo import demo
 from dflash_zoo.api import Pipeline, load
-from dflash_zoo.cuda.fast import FastEngine
+from dflash_zoo.cuda.static.fast import FastEngine
 from dflash_zoo.engine.decode import EagerEngine
 from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.engine.sampling import Sampler
@@ -252,7 +252,7 @@ class StubbornSampler(Sampler):
 
 @pytest.fixture
 def stubborn_engine(sampling_engine, monkeypatch):
-    import dflash_zoo.cuda.fast as fast
+    import dflash_zoo.cuda.static.fast as fast
 
     monkeypatch.setattr(
         fast, "sampler_of", lambda cfg: StubbornSampler(cfg.temperature, cfg.top_k, cfg.top_p)

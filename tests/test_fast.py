@@ -14,7 +14,12 @@ from dflash_zoo.adapters import get_adapter
 from dflash_zoo.adapters.base import GatedMLP, SparseMoE, StaticAttention, StaticLayout
 
 from dflash_zoo.bench.runner import whatif_schedule
-from dflash_zoo.cuda.fast import COMPILE_OPTIONS, COMPILED_DECODE_ATTENTION, FastEngine, unsupported_reason
+from dflash_zoo.cuda.static.fast import (
+    COMPILE_OPTIONS,
+    COMPILED_DECODE_ATTENTION,
+    FastEngine,
+    unsupported_reason,
+)
 from dflash_zoo.engine.decode import SpeculativeDecoder, autoregressive_generate
 from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.engine.select import EngineOptions
@@ -324,7 +329,7 @@ def test_fused_projections_with_bias_equal_eager():
 @pytest.mark.parametrize("t", [1, 5])
 def test_decode_attention_equals_masked_sdpa(name, t):
     """Every decode attention computes the masked grouped SDPA (fp32, GQA 4:2); hidden keys do not count."""
-    from dflash_zoo.cuda.attention import DECODE_ATTENTION, _group_mask, _grouped_sdpa
+    from dflash_zoo.cuda.ops.attention import DECODE_ATTENTION, _group_mask, _grouped_sdpa
 
     gen = torch.Generator().manual_seed(0)
     # 32 keys: "chunks" splits them into 16 chunks of 2, and those past key 6 + t are wholly hidden
@@ -347,7 +352,7 @@ def test_unknown_decode_attention_is_refused():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fast_norm_is_bitwise_hf_rmsnorm(dtype):
-    from dflash_zoo.cuda.static import _Norms
+    from dflash_zoo.cuda.static.target import _Norms
 
     norm = tiny_target("qwen3").model.layers[0].input_layernorm.to(dtype)
     with torch.no_grad():

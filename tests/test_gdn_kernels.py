@@ -12,9 +12,9 @@ import torch
 import transformers
 from dflash_zoo.adapters import get_adapter
 
-from dflash_zoo.cuda import gdn as gdn_ops
-from dflash_zoo.cuda.gdn import StaticGDN
-from dflash_zoo.cuda.layout import resolve
+from dflash_zoo.cuda.static import gdn as gdn_ops
+from dflash_zoo.cuda.static.gdn import StaticGDN
+from dflash_zoo.cuda.static.layout import resolve
 from tests.test_kernels import interpret  # noqa: F401  (fixture)
 from tests.tiny import target_config, tiny_auto_class
 

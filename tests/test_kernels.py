@@ -16,10 +16,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dflash_zoo.cuda import fused_ops, gemv, kernels
-from dflash_zoo.cuda.attention import _group_mask, _grouped_sdpa, _grouped_split
-from dflash_zoo.cuda.fast import FastEngine
-from dflash_zoo.cuda.static import Parts
+from dflash_zoo.cuda.ops import attention_kernels as kernels
+from dflash_zoo.cuda.ops import fused as fused_ops
+from dflash_zoo.cuda.ops import gemv
+from dflash_zoo.cuda.ops.attention import _group_mask, _grouped_sdpa, _grouped_split
+from dflash_zoo.cuda.static.fast import FastEngine
+from dflash_zoo.cuda.static.target import Parts
 from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.engine.rope import apply_rotary
 from tests.static_matrix import STATIC_MODEL_TYPES
@@ -115,7 +117,7 @@ def test_grouped_split_is_grouped_sdpa(interpret):
 def test_split_attention_with_sinks_is_the_sink_softmax(interpret, monkeypatch):
     """gpt-oss sinks in the split kernel's merge: `_grouped_sinks` for one row and a block, a sliding window
     hiding most keys, large and small sinks (one above every score), and rows split over launches."""
-    from dflash_zoo.cuda.attention import _grouped_sinks
+    from dflash_zoo.cuda.ops.attention import _grouped_sinks
 
     for t, sink_scale in ((1, 1.0), (6, 8.0)):
         gen = torch.Generator().manual_seed(10 + t)
@@ -434,7 +436,7 @@ def _family_norms(n: int):
 def test_rms_norm_kernel_equals_the_fp32_weight_norms(interpret, dtype):
     """The norm kernel with the declared non-Llama formulas equals each family's own module (their weights
     random, rows of 256 and 100); the Llama formula on the same inputs does not."""
-    from dflash_zoo.cuda.static import _Norms
+    from dflash_zoo.cuda.static.target import _Norms
 
     gen = torch.Generator().manual_seed(4)
     for n in (256, 100):
@@ -644,7 +646,7 @@ def test_kernel_defaults_on_cuda_and_the_escape_hatch(monkeypatch, compile):
     """On a CUDA device with triton the kernels are the default; DFLASH_ZOO_KERNELS=0 restores the previous
     paths; explicit choices stand either way; CPU never picks them (no device is touched here)."""
     pytest.importorskip("triton")
-    from dflash_zoo.cuda.fast import COMPILED_DECODE_ATTENTION, _kernel_choice
+    from dflash_zoo.cuda.static.fast import COMPILED_DECODE_ATTENTION, _kernel_choice
 
     cuda = torch.device("cuda")
     # fused_ops only uncompiled: compiled, inductor fuses those ops itself
@@ -762,7 +764,7 @@ def test_split_kernels_graphed_engine_equals_eager_fp32(model_type, compile):
 @CUDA
 def test_fp32_weight_and_gated_norms_bf16_on_cuda():
     """The non-Llama norm formulas in bf16 on the GPU: as close to each family's module as one rounding."""
-    from dflash_zoo.cuda.static import _Norms
+    from dflash_zoo.cuda.static.target import _Norms
 
     for formula, module in _family_norms(4096):
         module.cuda().to(torch.bfloat16)
@@ -781,7 +783,7 @@ def _nucleus_reference(p: torch.Tensor, top_p: float) -> torch.Tensor:
 def test_nucleus_kernel_and_sorted_rule_keep_the_defined_set(interpret, top_p):
     """The sort-free CUDA kernel and the CPU path keep exactly the tokens the rule names, ties together
     (logits rounded to halves make tie groups that straddle the top_p boundary)."""
-    from dflash_zoo.cuda.nucleus import nucleus_mask
+    from dflash_zoo.cuda.ops.nucleus import nucleus_mask
     from dflash_zoo.engine.sampling import nucleus
 
     gen = torch.Generator().manual_seed(5)
@@ -846,7 +848,7 @@ def test_nucleus_on_cuda_keeps_the_sorted_rule_set(top_p):
 @pytest.mark.parametrize("t", [1, 16])
 def test_split_attention_with_sinks_on_cuda(t):
     """The compiled merge with sinks: fp32 as the explicit sink softmax (gpt-oss's 64 heads over 8 K/V heads)."""
-    from dflash_zoo.cuda.attention import _grouped_sinks
+    from dflash_zoo.cuda.ops.attention import _grouped_sinks
 
     gen = torch.Generator("cuda").manual_seed(t)
     q = torch.randn(1, 64, t, 64, generator=gen, device="cuda")

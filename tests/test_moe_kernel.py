@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_zoo.cuda import moe
-from dflash_zoo.cuda.fast import FastEngine
-from dflash_zoo.cuda.layout import resolve
+from dflash_zoo.cuda.ops import moe
+from dflash_zoo.cuda.static.fast import FastEngine
+from dflash_zoo.cuda.static.layout import resolve
 from dflash_zoo.engine.results import GenerationConfig
 from tests.static_matrix import STATIC_MODEL_TYPES, static_pair
 from tests.test_fast import MASK, _eager, _prompts
@@ -275,7 +275,7 @@ def test_one_row_shared_expert_folds_beside_the_routed_slices(interpret, model_t
     """A gated shared expert in a one-row step: its gate's logit and the router's logits further outputs of its
     fused gate/up GEMV, its down GEMV's sums scaled by the gate's sigmoid and handed to the next norm with the
     routed slices (`Parts.more`); their total is the block's output, and tokens stay the eager loop's (fp32)."""
-    from dflash_zoo.cuda.static import Parts
+    from dflash_zoo.cuda.static.target import Parts
 
     adapter, drafter = static_pair(model_type)
     eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, gemv=True, fused_ops=True)

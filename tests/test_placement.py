@@ -14,7 +14,13 @@ import torch
 from dflash_zoo.adapters import get_adapter, supported_model_types
 
 from dflash_zoo.api import Pipeline, load
-from dflash_zoo.cuda.placement import apply_placement, balance, module_bytes, parse_devices, plan_placement
+from dflash_zoo.cuda.placement.plan import (
+    apply_placement,
+    balance,
+    module_bytes,
+    parse_devices,
+    plan_placement,
+)
 from dflash_zoo.engine.decode import autoregressive_generate
 from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.engine.select import EngineOptions

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_zoo.cuda import sandwich
+from dflash_zoo.cuda.ops import sandwich
 from tests.test_kernels import interpret  # noqa: F401  (the fixture)
 
 
@@ -93,7 +93,7 @@ def test_gemma4_31b_and_26b_layouts_graphed_on_cuda_fp32(variant):
     """The Gemma 4 31B / 26B-A4B layouts (K = V global layers; the experts beside the dense MLP) through every
     kernel on the GPU, CUDA graphs on, fp32: the sandwich kernel runs every layer, and speculative and
     autoregressive decoding equal plain greedy decoding."""
-    from dflash_zoo.cuda.fast import FastEngine
+    from dflash_zoo.cuda.static.fast import FastEngine
     from dflash_zoo.engine.results import GenerationConfig
     from tests.static_matrix import static_pair
     from tests.test_fast import _assert_both_paths_equal_ar

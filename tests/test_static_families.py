@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_zoo.cuda.fast import FastEngine
-from dflash_zoo.cuda.gdn import StaticGDN
+from dflash_zoo.cuda.static.fast import FastEngine
+from dflash_zoo.cuda.static.gdn import StaticGDN
 from dflash_zoo.engine.results import GenerationConfig
 from tests.oracles import greedy_reference
 from tests.static_matrix import STATIC_MODEL_TYPES, static_pair

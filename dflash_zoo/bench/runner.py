@@ -27,7 +27,7 @@ import torch
 from dflash_zoo.bench import meta as benchmeta
 from dflash_zoo.bench.shapes import CODER_MOE, SHAPES, Shape, shape_target  # noqa: F401 (re-exported)
 from dflash_zoo.bench.shapes import shape_drafter as _random_drafter
-from dflash_zoo.cuda import gemv, moe
+from dflash_zoo.cuda.ops import gemv, moe
 from dflash_zoo.engine.decode import EagerEngine
 from dflash_zoo.engine.results import GenerationConfig, GenerationResult, first_difference
 from dflash_zoo.engine.run import Engine
@@ -110,7 +110,7 @@ def random_subject(
     positions = max(40960, opts.prompt_tokens + opts.new_tokens + 64)
     placement = None
     if devices:
-        from dflash_zoo.cuda.placement import apply_placement, materialise, module_bytes, plan_placement
+        from dflash_zoo.cuda.placement.plan import apply_placement, materialise, module_bytes, plan_placement
 
         model = shape_target(s, "meta", dtype, positions)
         adapter = get_adapter(s.model_type)(model)
@@ -215,7 +215,7 @@ def _runners(path: str, sub: Subject, cfg: GenerationConfig, override, max_len: 
     if path == "eager":
         eng: Engine = EagerEngine(sub.adapter, sub.drafter, sub.mask_token_id)
     else:
-        from dflash_zoo.cuda.fast import FastEngine
+        from dflash_zoo.cuda.static.fast import FastEngine
 
         eng = FastEngine(
             sub.adapter,

@@ -33,11 +33,11 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """[..., V] probabilities -> top-p filtered and renormalised: keep token i when the mass of the tokens
     strictly more probable than i is below top_p (the top token always stays; ties stay or go together).
     On CUDA without a sort (`cuda/nucleus.py`); elsewhere from the sorted probabilities."""
-    from dflash_zoo.cuda import kernels
+    from dflash_zoo.cuda.ops import attention_kernels as kernels
 
     flat = probs.reshape(-1, probs.shape[-1])
     if flat.is_cuda and kernels.available(flat.device) is None:
-        from dflash_zoo.cuda.nucleus import nucleus_mask
+        from dflash_zoo.cuda.ops.nucleus import nucleus_mask
 
         kept = nucleus_mask(flat.float(), top_p)
     else:

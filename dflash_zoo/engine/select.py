@@ -65,8 +65,8 @@ def choose_engine(
     elif prefill_inputs:
         reason = "image inputs run on the eager engine"
     else:
-        from dflash_zoo.cuda.layout import cuda_unverified_reason
-        from dflash_zoo.cuda.static import unsupported_reason
+        from dflash_zoo.cuda.static.layout import cuda_unverified_reason
+        from dflash_zoo.cuda.static.target import unsupported_reason
 
         reason = unsupported_reason(adapter, graphs=cuda)
         unverified = cuda_unverified_reason(adapter) if cuda and options.fast is None else None

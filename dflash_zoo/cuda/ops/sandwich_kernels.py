@@ -3,7 +3,7 @@
 import triton
 import triton.language as tl
 
-from dflash_zoo.cuda.fused_kernels import slices_sum
+from dflash_zoo.cuda.ops.fused_kernels import slices_sum
 
 
 @triton.jit

@@ -45,9 +45,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from dflash_zoo.cuda import kernels
-from dflash_zoo.cuda.graphs import Steps
-from dflash_zoo.cuda.static import (
+from dflash_zoo.cuda.ops import attention_kernels as kernels
+from dflash_zoo.cuda.static.graphs import Steps
+from dflash_zoo.cuda.static.target import (
     BLOCK_ATTENTION,
     DECODE_ATTENTION,
     StaticDrafter,

@@ -36,17 +36,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dflash_zoo.cuda import fused_ops, moe, sandwich
-from dflash_zoo.cuda import gemv as gemv_ops
-from dflash_zoo.cuda.attention import (
+from dflash_zoo.cuda.ops import fused as fused_ops
+from dflash_zoo.cuda.ops import gemv as gemv_ops
+from dflash_zoo.cuda.ops import moe, sandwich
+from dflash_zoo.cuda.ops.attention import (
     BLOCK_ATTENTION,
     DECODE_ATTENTION,
     _group_mask,
     _grouped_sinks,
     _grouped_split,
 )
-from dflash_zoo.cuda.gdn import StaticGDN
-from dflash_zoo.cuda.layout import MoEParts, graph_unsafe_reason, layout_reason, norm_eps, resolve
+from dflash_zoo.cuda.static.gdn import StaticGDN
+from dflash_zoo.cuda.static.layout import MoEParts, graph_unsafe_reason, layout_reason, norm_eps, resolve
 from dflash_zoo.engine.rope import apply_rotary
 
 if TYPE_CHECKING:

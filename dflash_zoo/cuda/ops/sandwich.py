@@ -21,14 +21,14 @@ from typing import Any
 
 import torch
 
-from dflash_zoo.cuda.fused_ops import check_sums
-from dflash_zoo.cuda.kernels import _pow2
-from dflash_zoo.cuda.layout import norm_eps
+from dflash_zoo.cuda.ops.attention_kernels import _pow2
+from dflash_zoo.cuda.ops.fused import check_sums
+from dflash_zoo.cuda.static.layout import norm_eps
 
 
 @functools.cache
 def _kernels():
-    from dflash_zoo.cuda import sandwich_kernels  # triton on first use only
+    from dflash_zoo.cuda.ops import sandwich_kernels  # triton on first use only
 
     return sandwich_kernels.sandwich_add
 
@@ -119,7 +119,7 @@ def runs(target: Any, i: int) -> bool:
 def _as_delta(out: Any, like: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """(a sublayer's output for the kernel, whether it is partial sums): `Parts` without a bias or a second
     group as their sums, anything else as a tensor shaped like the residual."""
-    from dflash_zoo.cuda.static import Parts, _summed
+    from dflash_zoo.cuda.static.target import Parts, _summed
 
     if isinstance(out, Parts) and out.bias is None and out.more is None:
         return out.sums, True

@@ -37,9 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_zoo.adapters._hybrid import gated_delta_final_state
-from dflash_zoo.cuda import fused_ops
-from dflash_zoo.cuda.kernels import _pow2
-from dflash_zoo.cuda.layout import norm_eps
+from dflash_zoo.cuda.ops import fused as fused_ops
+from dflash_zoo.cuda.ops.attention_kernels import _pow2
+from dflash_zoo.cuda.static.layout import norm_eps
 
 # (query, key, value, g, beta, initial_state, output_final_state, use_qk_l2norm_in_kernel) -> (out, state)
 DeltaRule = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
@@ -79,7 +79,7 @@ class StaticGDN:
         fuse: bool = True,
         gemv: bool = False,
     ):
-        from dflash_zoo.cuda.static import FusedLinear, _project  # static.py imports this module
+        from dflash_zoo.cuda.static.target import FusedLinear, _project  # static.py imports this module
 
         self.gdn, (self.conv1d, self.gated_norm, self.out_proj, projections) = gdn, parts
         # few-row output projections through the GEMV kernels, as attention's (`static._project`)
@@ -214,7 +214,7 @@ class StaticGDN:
 
 
 def _kernels():
-    from dflash_zoo.cuda import gdn_kernels  # needs triton: imported on first use
+    from dflash_zoo.cuda.ops import gdn_kernels  # needs triton: imported on first use
 
     return gdn_kernels
 

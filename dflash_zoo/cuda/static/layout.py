@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_zoo.adapters.base import EXPERT_GATES, ScaledRouter, SparseMoE
-from dflash_zoo.cuda.moe import ExpertGate, Routing, ScaledRouting, supported
+from dflash_zoo.cuda.ops.moe import ExpertGate, Routing, ScaledRouting, supported
 from dflash_zoo.errors import UnsupportedModelError
 
 if TYPE_CHECKING:

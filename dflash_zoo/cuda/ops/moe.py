@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from dflash_zoo.cuda.gemv import ACTS, _graph_ms, tunes
-from dflash_zoo.cuda.kernels import _pow2
+from dflash_zoo.cuda.ops.attention_kernels import _pow2
+from dflash_zoo.cuda.ops.gemv import ACTS, _graph_ms, tunes
 
 log = logging.getLogger("dflash_zoo")
 
@@ -99,7 +99,7 @@ def supported(experts: nn.Module) -> str | None:
 
 @functools.cache
 def _kernels():
-    from dflash_zoo.cuda import moe_kernels as k  # triton on first use only
+    from dflash_zoo.cuda.ops import moe_kernels as k  # triton on first use only
 
     return k.expert_gemv, k.route, k.expert_gemm
 

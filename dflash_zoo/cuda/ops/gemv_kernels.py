@@ -4,7 +4,7 @@ gated activations they and the expert kernels (moe_kernels.py) compute."""
 import triton
 import triton.language as tl
 
-from dflash_zoo.cuda.fused_kernels import slices_sum
+from dflash_zoo.cuda.ops.fused_kernels import slices_sum
 
 
 @triton.jit

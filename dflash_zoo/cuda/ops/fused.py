@@ -26,12 +26,12 @@ import functools
 
 import torch
 
-from dflash_zoo.cuda.kernels import _pow2
+from dflash_zoo.cuda.ops.attention_kernels import _pow2
 
 
 @functools.cache
 def _kernels():
-    from dflash_zoo.cuda import fused_kernels as k  # triton on first use only
+    from dflash_zoo.cuda.ops import fused_kernels as k  # triton on first use only
 
     return k.rope_store, k.rms_norm, k.silu_mul
 

@@ -25,7 +25,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from dflash_zoo.cuda.kernels import _pow2, _sms
+from dflash_zoo.cuda.ops.attention_kernels import _pow2, _sms
 
 log = logging.getLogger("dflash_zoo")
 
@@ -40,7 +40,7 @@ ACT_NAMES = {0: "", 1: "+silu", 3: "+gelu"}
 
 @functools.cache
 def _kernels():
-    from dflash_zoo.cuda import gemv_kernels as k  # triton on first use only
+    from dflash_zoo.cuda.ops import gemv_kernels as k  # triton on first use only
 
     return k.gemv_part, k.gemv_sum, k.gemm_part
 

@@ -4,8 +4,8 @@ rule, the one-token expert GEMV and the several-token grouped expert kernel, whi
 import triton
 import triton.language as tl
 
-from dflash_zoo.cuda.fused_kernels import slices_sum
-from dflash_zoo.cuda.gemv_kernels import activation
+from dflash_zoo.cuda.ops.fused_kernels import slices_sum
+from dflash_zoo.cuda.ops.gemv_kernels import activation
 
 
 @triton.jit

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dflash_zoo.cuda import kernels
+from dflash_zoo.cuda.ops import attention_kernels as kernels
 
 
 def _ungroup(out: torch.Tensor, h: int, t: int) -> torch.Tensor:
