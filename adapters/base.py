@@ -410,9 +410,20 @@ class TargetAdapter:
         """[B, T] -> [B, T, H]: exactly what decoder layer 0 receives."""
         return self.model.get_input_embeddings()(ids)
 
+    def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """[B, T] -> [B, T, H]: the embedding table's rows alone, without any scale or norm the family applies
+        (what a drafter with its own `input_embedding_scale` starts from)."""
+        import torch.nn.functional as F
+
+        return F.embedding(ids, self.model.get_input_embeddings().weight)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """[B, T, H] post-norm states -> [B, T, V]: the bare LM head, before any soft-cap (drafter logits)."""
+        return self.model.get_output_embeddings()(h)
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """[B, T, H] post-norm states -> [B, T, V] logits, as the target computes them."""
-        return self.model.get_output_embeddings()(h)
+        return self.head(h)
 
     @contextmanager
     def tap(self, layer_ids: Sequence[int]) -> Iterator[TapRecorder]:

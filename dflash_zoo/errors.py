@@ -28,6 +28,13 @@ class CheckpointError(ZooError):
     """Weights are missing, corrupted or do not fit the config."""
 
 
+class DrafterFormatError(CheckpointError):
+    """A drafter checkpoint is not what its architecture needs: unknown architecture, missing or unconsumed
+    tensors, a config dialect that cannot be read. A usage error: the fix is a different drafter or a convert."""
+
+    exit_code = 2
+
+
 class IncompatiblePairError(ZooError):
     """Target and drafter do not fit together (hidden size, taps, mask id, ...)."""
 

@@ -11,17 +11,21 @@ import torch
 from dflash_zoo.engine.decode import SpeculativeDecoder
 from dflash_zoo.engine.results import SAMPLING_RULE, GenerationConfig
 from dflash_zoo.engine.sampling import processed_probs
-from tests.tiny import tiny_drafter, tiny_target
+from tests.tiny import DFLASH2_PARAMS, tiny_dflash2, tiny_drafter, tiny_target
 
 V, N_TOKENS, PROMPT = 3, 4, [1, 0, 1]
 SETTINGS = dict(temperature=1.3, top_p=0.95, top_k=0)
 
 
-@pytest.fixture(scope="module")
-def pair():
+@pytest.fixture(scope="module", params=["dflash", "dflash2"])
+def pair(request):
+    """DFlash drafts each slot from its own q; DFlash 2 draws slot by slot from its selector's q over the top-2
+    candidates (zero elsewhere), so the residual max(p - q, 0) also covers tokens it never proposes."""
     target = tiny_target("qwen3", seed=3, lm_scale=1.0, vocab_size=V)
-    drafter = tiny_drafter(target, seed=4, block_size=4)
-    return target, drafter
+    if request.param == "dflash":
+        return target, tiny_drafter(target, seed=4, block_size=4)
+    params = {**DFLASH2_PARAMS, "selector_top_k": 2}
+    return target, tiny_dflash2(target, seed=4, block_size=4, params=params)
 
 
 class StubbornDecoder(SpeculativeDecoder):

@@ -128,3 +128,34 @@ def save_tiny_pair(root, model_type: str = "qwen3", block_size: int = 8):
     tiny_tokenizer().save_pretrained(target_dir)
     save_drafter(tiny_drafter(target, block_size=block_size), draft_dir)
     return target_dir, draft_dir
+
+
+DFLASH2_PARAMS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
+
+
+def dflash2_config(target, block_size=8, layers=2, params=None, **extra) -> dict:
+    """A z-lab DFlash 2 config.json dict for a tiny target."""
+    raw = draft_config_dict(target, layers=layers, block_size=block_size, **extra)
+    raw["architectures"] = ["DFlash2DraftModel"]
+    raw["dflash_config"].update(params or DFLASH2_PARAMS)
+    return raw
+
+
+def randomize(model, seed: int, scale: float = 0.3):
+    """Random DFlash 2 parts (a fresh model starts them neutral): the convolutions and selector do work."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "_conv." in name or name.startswith("candidate_selector."):
+                p.add_(torch.randn(p.shape, generator=gen) * scale)
+    return model.eval()
+
+
+def tiny_dflash2(target, seed=1, params=None, **kw):
+    """A random DFlash 2 drafter (`DFLASH2_PARAMS` unless `params`) with its own parts randomised too."""
+    from dflash_zoo.drafters.dflash2 import DFlash2Drafter
+
+    torch.manual_seed(seed)
+    return randomize(
+        DFlash2Drafter(normalize_draft_config(dflash2_config(target, params=params, **kw))).float(), seed
+    )

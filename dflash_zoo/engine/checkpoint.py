@@ -9,9 +9,9 @@ replaced without `overwrite`.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +19,18 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from dflash_zoo import drafters
 from dflash_zoo.engine import outdir
 from dflash_zoo.engine.config import DraftConfig, load_draft_config
 from dflash_zoo.engine.drafter import DFlashDrafter
 from dflash_zoo.engine.outdir import OWNER, OWNER_KEY
-from dflash_zoo.errors import CheckpointError, NotFoundError, looks_like_path, missing_directory
-
-log = logging.getLogger("dflash_zoo")
+from dflash_zoo.errors import (
+    CheckpointError,
+    DrafterFormatError,
+    NotFoundError,
+    looks_like_path,
+    missing_directory,
+)
 
 DRAFT_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json"]
 # what a target needs: configs, weights, tokenizer files and chat templates
@@ -95,29 +100,63 @@ def load_drafter(
     dtype: torch.dtype = torch.float32,
     revision: str | None = None,
 ) -> DFlashDrafter:
-    """Build a `DFlashDrafter` from a local directory or Hub id and load its weights strictly.
-
-    Raises `CheckpointError` naming the first missing or mis-shaped tensor.
-    """
+    """Build the drafter its config declares (dflash_zoo/drafters) from a local directory or Hub id, and load
+    every weight strictly: a missing, unconsumed, mis-shaped or non-finite tensor refuses the checkpoint."""
     directory = resolve_dir(source, revision)
     cfg = load_draft_config(directory)
     with torch.device("meta"):
-        model = DFlashDrafter(cfg)
-    state = read_state_dict(directory)
-    expected = model.state_dict()
-    for name, param in expected.items():
-        if name not in state:
-            raise CheckpointError(f"drafter checkpoint {directory} is missing tensor {name!r}")
-        if tuple(state[name].shape) != tuple(param.shape):
-            raise CheckpointError(
-                f"tensor {name!r} has shape {tuple(state[name].shape)}, config expects {tuple(param.shape)}"
-            )
-    extra = sorted(set(state) - set(expected))
-    if extra:
-        log.warning("ignoring %d unexpected drafter tensors (first: %s)", len(extra), extra[0])
-    model.load_state_dict({k: state[k] for k in expected}, assign=True)
+        model = drafters.build(cfg)
+    state = _checked_state(model, read_state_dict(directory), directory, cfg)
+    model.load_state_dict(state, assign=True)
     model.rotary_emb = type(model.rotary_emb)(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def _checked_state(
+    model: DFlashDrafter, state: dict[str, torch.Tensor], directory: Path, cfg: DraftConfig
+) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors under the model's names, or `DrafterFormatError` naming every problem."""
+    state = {_ALIASES.get(k, k): v for k, v in state.items()}
+    expected = model.state_dict()
+    where = f"drafter {directory} ({cfg.arch})"
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    if missing or extra:
+        parts = ([f"missing {_names(missing)}"] if missing else []) + (
+            [f"not used by {cfg.arch}: {_names(extra)}"] if extra else []
+        )
+        raise DrafterFormatError(f"{where}: " + "; ".join(parts), hint=_fix_hint(cfg, extra))
+    for name, param in expected.items():
+        if tuple(state[name].shape) != tuple(param.shape):
+            raise DrafterFormatError(
+                f"{where}: tensor {name!r} has shape {tuple(state[name].shape)}, config expects "
+                f"{tuple(param.shape)}",
+                hint="the config.json and the weights come from different drafters",
+            )
+        if state[name].is_floating_point() and not bool(torch.isfinite(state[name]).all()):
+            raise CheckpointError(
+                f"{where}: tensor {name!r} holds NaN or infinite values",
+                hint="the file is damaged or the training diverged: fetch it again or use an earlier checkpoint",
+            )
+    return state
+
+
+# spellings of the same tensor: z-lab stores the selector's codebooks bare, a transformers save adds `.weight`
+_ALIASES = {
+    f"candidate_selector.{n}_codebook.weight": f"candidate_selector.{n}_codebook"
+    for n in ("predecessor", "successor")
+}
+
+
+def _names(keys: list[str], shown: int = 4) -> str:
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    return ", ".join(keys[:shown]) + more
+
+
+def _fix_hint(cfg: DraftConfig, extra: list[str]) -> str:
+    if cfg.arch == "dflash" and any("_conv." in k or k.startswith("candidate_selector.") for k in extra):
+        return 'these are DFlash 2 tensors: set "architectures": ["DFlash2DraftModel"] and its dflash_config keys'
+    return "the config.json and the weights come from different drafters, or the drafter is in another layout"
 
 
 def draft_config_dict(cfg: DraftConfig) -> dict[str, Any]:
@@ -129,7 +168,7 @@ def draft_config_dict(cfg: DraftConfig) -> dict[str, Any]:
             factor=cfg.rope.factor, original_max_position_embeddings=cfg.rope.original_max_position_embeddings
         )
     raw.update(
-        architectures=["DFlashDraftModel"],
+        architectures=list(drafters.ARCHS[cfg.arch].architectures),
         model_type="qwen3",
         hidden_size=cfg.hidden_size,
         num_hidden_layers=cfg.num_hidden_layers,
@@ -149,14 +188,19 @@ def draft_config_dict(cfg: DraftConfig) -> dict[str, Any]:
     )
     raw.setdefault("rope_parameters", rope)
     raw.setdefault("rope_theta", cfg.rope.theta)  # older readers (and the upstream loader) read it top-level
-    if cfg.sliding_window:
-        raw["sliding_window"] = cfg.sliding_window
+    if cfg.sliding_window:  # Qwen3Config (z-lab's loader) drops the window unless use_sliding_window is set
+        raw.update(sliding_window=cfg.sliding_window, use_sliding_window=True)
     dcfg = dict(raw.get("dflash_config") or {})
     dcfg.update(
         block_size=cfg.block_size,
         target_layer_ids=list(cfg.target_layer_ids),
         mask_token_id=cfg.mask_token_id,
     )
+    if cfg.dflash2 is not None:  # DFlash 2's shapes and logit transforms, where z-lab's loader reads them
+        dcfg.update(asdict(cfg.dflash2), output_multiplier=cfg.output_multiplier)
+        for key in ("final_logit_softcapping", "input_embedding_scale"):
+            if getattr(cfg, key) is not None:
+                dcfg[key] = getattr(cfg, key)
     raw["dflash_config"] = dcfg
     raw.pop("auto_map", None)  # never point loaders at remote code
     return raw

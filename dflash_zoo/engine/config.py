@@ -19,10 +19,13 @@ for id k is the *output* of decoder layer k, i.e. Hugging Face `hidden_states[k 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dflash_zoo import drafters
+from dflash_zoo.drafters import DFlash2Params
 from dflash_zoo.errors import ConfigError
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -82,13 +85,24 @@ class DraftConfig:
     attention_bias: bool = False
     hidden_act: str = "silu"
     max_position_embeddings: int = 40960
-    final_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = (
+        None  # the drafter's own logit transforms (z-lab `compute_logits`)
+    )
+    output_multiplier: float = 1.0
+    input_embedding_scale: float | None = None  # set: the block is embedded as raw table rows times this
+    arch: str = "dflash"  # the architecture (dflash_zoo/drafters), from `architectures`
+    dflash2: DFlash2Params | None = None  # DFlash 2's convolution and selector shapes
     taps_from_default_rule: bool = False
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_taps(self) -> int:
         return len(self.target_layer_ids)
+
+    @property
+    def variant(self) -> str:
+        """The architecture as `check` and `info` name it ("dflash", "dflash (in-block causal)", "dflash2")."""
+        return drafters.variant(drafters.ARCHS[self.arch], self.causal, self.layer_types)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready summary (used by `info --json`, `check --json`)."""
@@ -105,7 +119,14 @@ def load_draft_config(path: str | Path) -> DraftConfig:
     if not path.is_file():
         raise ConfigError(f"no config.json at {path}")
     try:
-        raw = json.loads(path.read_bytes().decode("utf-8"))
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read {path}: {exc.strerror or exc}",
+            hint="check the file's permissions, or copy it again",
+        ) from exc
+    try:
+        raw = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"{path} is not valid UTF-8 (byte {exc.start}: {exc.object[exc.start]:#04x})",
@@ -119,48 +140,104 @@ def load_draft_config(path: str | Path) -> DraftConfig:
 
 
 def normalize_draft_config(raw: dict[str, Any], num_target_layers: int | None = None) -> DraftConfig:
-    """Normalise one raw draft config dict; `num_target_layers` fills in when the config lacks it."""
+    """Normalise one raw draft config dict; `num_target_layers` fills in when the config lacks it.
+
+    Every field is checked for its type and range here, so a bad config fails with one line naming the key
+    before any weights load.
+    """
     dcfg = raw.get("dflash_config") or {}
+    if not isinstance(dcfg, dict):
+        raise ConfigError(f"dflash_config must be a JSON object, got {type(dcfg).__name__}")
     get = _getter(raw, dcfg)
-    hidden = _req_int(raw, "hidden_size")
-    heads = _req_int(raw, "num_attention_heads")
-    layers = _req_int(raw, "num_hidden_layers")
-    block = int(get("block_size", 16))
+    spec = drafters.arch_of(raw, get)
+    hidden, heads = (
+        _int(raw.get("hidden_size"), "hidden_size"),
+        _int(raw.get("num_attention_heads"), "num_attention_heads"),
+    )
+    layers = _int(raw.get("num_hidden_layers"), "num_hidden_layers")
+    block = _int(get("block_size", 16), "block_size", minimum=0)
     if block < 2:
         raise ConfigError(f"block_size must be >= 2, got {block}")
     n_target = get("num_target_layers", num_target_layers)
-    taps = get("target_layer_ids")
-    from_rule = taps is None
-    if from_rule:
-        if n_target is None:
-            raise ConfigError("config has neither target_layer_ids nor num_target_layers; cannot derive taps")
-        taps = default_target_layer_ids(int(n_target), layers)
+    n_target = None if n_target is None else _int(n_target, "num_target_layers")
+    taps, from_rule = _taps(get("target_layer_ids"), n_target, layers)
     layer_types = _layer_types(raw, layers)
     mask = get("mask_token_id")
+    softcap = get("final_logit_softcapping")
+    embed_scale = get("input_embedding_scale")
     return DraftConfig(
         hidden_size=hidden,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
-        head_dim=int(raw.get("head_dim") or hidden // heads),
-        intermediate_size=_req_int(raw, "intermediate_size"),
-        vocab_size=_req_int(raw, "vocab_size"),
+        num_key_value_heads=_int(raw.get("num_key_value_heads") or heads, "num_key_value_heads"),
+        head_dim=_int(raw.get("head_dim") or hidden // heads, "head_dim"),
+        intermediate_size=_int(raw.get("intermediate_size"), "intermediate_size"),
+        vocab_size=_int(raw.get("vocab_size"), "vocab_size"),
         block_size=block,
-        target_layer_ids=tuple(int(t) for t in taps),
-        num_target_layers=None if n_target is None else int(n_target),
-        mask_token_id=None if mask is None else int(mask),
+        target_layer_ids=taps,
+        num_target_layers=n_target,
+        mask_token_id=None
+        if mask is None
+        else _int(mask, "mask_token_id", minimum=-(2**63)),  # range: `check`
         layer_types=layer_types,
         sliding_window=_sliding_window(raw, layer_types),
         causal=_causality(raw, dcfg, layer_types),
         rope=_rope(raw),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=_float(raw.get("rms_norm_eps", 1e-6), "rms_norm_eps"),
         attention_bias=bool(raw.get("attention_bias", False)),
         hidden_act=str(raw.get("hidden_act", "silu")),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 40960)),
-        final_logit_softcapping=get("final_logit_softcapping"),
+        max_position_embeddings=_int(raw.get("max_position_embeddings", 40960), "max_position_embeddings"),
+        final_logit_softcapping=None if softcap is None else _float(softcap, "final_logit_softcapping"),
+        output_multiplier=_float(get("output_multiplier", 1.0), "output_multiplier"),
+        input_embedding_scale=None if embed_scale is None else _float(embed_scale, "input_embedding_scale"),
+        arch=spec.name,
+        dflash2=_dflash2(spec, get, hidden, _int(raw.get("vocab_size"), "vocab_size")),
         taps_from_default_rule=from_rule,
         raw=dict(raw),
     )
+
+
+def _int(value: Any, key: str, minimum: int = 1) -> int:
+    """A config integer: an int (or a float that is one), at least `minimum`; anything else is named."""
+    if value is None:
+        raise ConfigError(f"draft config is missing required field {key!r}")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"draft config: {key} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"draft config: {key} must be >= {minimum}, got {value}")
+    return value
+
+
+def _float(value: Any, key: str) -> float:
+    """A finite config number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"draft config: {key} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _taps(taps: Any, n_target: int | None, layers: int) -> tuple[tuple[int, ...], bool]:
+    """(tap ids, whether they come from the default rule); explicit ids are kept as given, never corrected."""
+    if taps is None:
+        if n_target is None:
+            raise ConfigError("config has neither target_layer_ids nor num_target_layers; cannot derive taps")
+        return tuple(default_target_layer_ids(n_target, layers)), True
+    if not isinstance(taps, list) or not taps:
+        raise ConfigError(f"target_layer_ids must be a non-empty list of layer ids, got {taps!r}")
+    ids = tuple(_int(t, "target_layer_ids entry", minimum=0) for t in taps)
+    return ids, False
+
+
+def _dflash2(spec: drafters.ArchSpec, get, hidden: int, vocab: int) -> DFlash2Params | None:
+    if spec is not drafters.DFLASH2:
+        return None
+    params = drafters.dflash2_params(get)
+    if hidden % params.conv_group_size:
+        raise ConfigError(f"conv_group_size {params.conv_group_size} does not divide hidden_size {hidden}")
+    if params.selector_top_k > vocab:
+        raise ConfigError(f"selector_top_k {params.selector_top_k} exceeds the vocabulary ({vocab})")
+    return params
 
 
 def _getter(raw: dict, dcfg: dict):
@@ -172,12 +249,6 @@ def _getter(raw: dict, dcfg: dict):
         return raw.get(key) if raw.get(key) is not None else default
 
     return get
-
-
-def _req_int(raw: dict, key: str) -> int:
-    if raw.get(key) is None:
-        raise ConfigError(f"draft config is missing required field {key!r}")
-    return int(raw[key])
 
 
 def _layer_types(raw: dict, layers: int) -> tuple[str, ...]:

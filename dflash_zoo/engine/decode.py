@@ -93,14 +93,15 @@ class SpeculativeDecoder(Generation):
         """Returns (drafts [b-1], their distribution [b-1, V] or None when greedy)."""
         block = torch.full((b,), self.mask_id, device=self.device, dtype=torch.long)
         block[0] = bonus[0]
-        emb = self.adapter.embed(block[None])  # [1, b, H]
+        emb = self.drafter.embed_block(block[None], self.adapter)  # [1, b, H]
         span = Span(
             q_pos=torch.arange(pos, pos + b, device=self.device),
             ctx_pos=torch.arange(0, pos, device=self.device),
         )
         dtype = self.drafter.fc.weight.dtype
-        h = self.drafter(emb.to(dtype), feats.to(dtype), span, dkv)
-        return self.sampler.propose(self.adapter.logits(h[0, 1:].to(emb.dtype)), gen)  # [b-1, V] logits
+        h = self.drafter(emb.to(dtype), feats.to(dtype), span, dkv)  # [1, b, H]
+        # the architecture turns slots 1.. into proposals (DFlash: argmax / sample; DFlash 2: its selector)
+        return self.drafter.propose(h[0, 1:].to(emb.dtype), bonus, self.adapter.head, self.sampler, gen)
 
     def _accept(self, drafts, q, logits, gen, step: int) -> tuple[int, torch.Tensor]:
         force = None

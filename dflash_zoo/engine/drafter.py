@@ -15,6 +15,7 @@ checkpoints load as they are and a saved drafter loads in the upstream code.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,9 @@ from torch import nn
 
 from dflash_zoo.engine.config import DraftConfig
 from dflash_zoo.engine.rope import RotaryEmbedding, apply_rotary
+
+if TYPE_CHECKING:
+    from dflash_zoo.engine.sampling import Sampler
 
 _ACTS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
@@ -84,6 +88,8 @@ class Span:
         if window is not None:  # HF windows include the current token: distance < window
             ctx_ok = ctx_ok & (q - c < window)
             blk_ok = blk_ok & (q - self.q_pos[..., None, :] < window)
+            if not causal:  # a bidirectional window reaches as far ahead as behind (z-lab `_attention_mask`)
+                blk_ok = blk_ok & (self.q_pos[..., None, :] - q < window)
         n = self.q_pos.shape[-1]
         lead = torch.broadcast_shapes(ctx_ok.shape[:-2], blk_ok.shape[:-2])
         ctx_ok = ctx_ok.expand(*lead, n, len(c))
@@ -165,14 +171,22 @@ class DraftKV:
 
 
 class DFlashDrafter(nn.Module):
-    """A DFlash draft model. Build with a `DraftConfig`; load with `dflash_zoo.engine.checkpoint.load_drafter`."""
+    """A DFlash draft model. Build with a `DraftConfig`; load with `dflash_zoo.engine.checkpoint.load_drafter`.
+
+    The base of every drafter architecture (dflash_zoo/drafters): a subclass swaps `layer_class` and
+    `propose` (DFlash 2: convolutions in each layer, a candidate selector in place of the argmax).
+    """
+
+    arch: ClassVar[str] = "dflash"
+    static_supported: ClassVar[bool] = True  # the fast engine's static drafter runs it
+    layer_class: ClassVar[type[nn.Module]] = DecoderLayer
 
     def __init__(self, cfg: DraftConfig):
         super().__init__()
         self.cfg = cfg
         self.fc = nn.Linear(cfg.num_taps * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(self.layer_class(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
 
@@ -210,3 +224,27 @@ class DFlashDrafter(nn.Module):
             cache.layers = new_layers
             cache.length += ctx.shape[1]
         return self.norm(x)
+
+    # ---- from final states to proposals (z-lab `compute_logits`, `propose`) ----------------------------
+    def embed_block(self, ids: torch.Tensor, adapter: Any) -> torch.Tensor:
+        """[1, N] block ids -> [1, N, H]: the target's embedding as its layer 0 sees it, or, when the config
+        sets `input_embedding_scale` (DFlash 2 exports), the raw table rows times that scale, as upstream."""
+        if self.cfg.input_embedding_scale is None:
+            return adapter.embed(ids)
+        return adapter.embed_rows(ids) * self.cfg.input_embedding_scale
+
+    def draft_logits(self, h: torch.Tensor, head: Any) -> torch.Tensor:
+        """[..., H] final states -> [..., V]: the target's bare LM head (`head`), times the drafter's
+        `output_multiplier`, then its own soft-cap, cap * tanh(x / cap)."""
+        x = head(h)
+        if self.cfg.output_multiplier != 1.0:
+            x = x * self.cfg.output_multiplier
+        cap = self.cfg.final_logit_softcapping
+        return torch.tanh(x / cap) * cap if cap else x
+
+    def propose(
+        self, h: torch.Tensor, anchor: torch.Tensor, head: Any, sampler: Sampler, gen: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """h [n, H] states of slots 1..n, anchor [1] the block's slot-0 token -> (drafts [n], their
+        distribution q [n, V], or None when greedy). DFlash: each slot's argmax, or a sample of its own q."""
+        return sampler.propose(self.draft_logits(h, head), gen)
