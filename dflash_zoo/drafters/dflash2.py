@@ -23,6 +23,8 @@ Quirks:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -166,7 +168,19 @@ class DFlash2Drafter(DFlashDrafter):
             raise ValueError("DFlash2Drafter needs a config with DFlash 2 parameters")
         super().__init__(cfg)
         self.candidate_selector = CandidateSelector(cfg)
+        self.use_selector = (
+            True  # False: each slot's own argmax / sample, as DFlash ("eval" compares the two)
+        )
         self.reset_dflash2_parts()
+
+    @contextmanager
+    def selector_off(self) -> Iterator[None]:
+        """Propose as DFlash does (no selector) inside the block: the selector's effect on the same drafter."""
+        self.use_selector = False
+        try:
+            yield
+        finally:
+            self.use_selector = True
 
     @torch.no_grad()
     def reset_dflash2_parts(self) -> None:
@@ -200,6 +214,8 @@ class DFlash2Drafter(DFlashDrafter):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """h [n, H] slots 1..n, anchor [1] -> (drafts [n], q [n, V] or None): the selector's walk; under sampling
         q is the selector's distribution over each slot's candidates, zero elsewhere."""
+        if not self.use_selector:
+            return super().propose(h, anchor, head, sampler, gen)
         logits = self.draft_logits(h, head)  # [n, V]
         drafts, q_k, cands = self.candidate_selector.walk(h, logits, anchor, sampler.temperature, gen)
         if q_k is None:
