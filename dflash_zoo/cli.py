@@ -115,8 +115,9 @@ def main(argv: list[str] | None = None) -> None:
     from dflash_zoo.errors import PipeClosedError, ZooError, from_exception
 
     debug = os.environ.get("DFLASH_ZOO_DEBUG", "") not in ("", "0")
+    args = sys.argv[1:] if argv is None else list(argv)
+    as_json = json_requested(args)  # failures then also print one JSON object on stdout
     try:
-        args = sys.argv[1:] if argv is None else list(argv)
         _check_utf8(args)
         code = cli.main(args=args, prog_name="dflash-zoo", standalone_mode=False)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's shutdown
@@ -132,30 +133,56 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except click.UsageError as exc:
-        _fail(exc.format_message(), _usage_hint(exc), exc.exit_code)
+        _fail(exc.format_message(), _usage_hint(exc), exc.exit_code, as_json)
     except click.ClickException as exc:
-        _fail(exc.format_message(), None, exc.exit_code)
+        _fail(exc.format_message(), None, exc.exit_code, as_json)
     except ZooError as exc:
         if debug:
             raise
-        _fail(str(exc), exc.hint, exc.exit_code)
+        _fail(str(exc), exc.hint, exc.exit_code, as_json)
     except Exception as exc:  # unexpected: one line unless debugging
         known = from_exception(exc)
         if debug:
             raise
         if known is not None:
-            _fail(str(known), known.hint, known.exit_code)
-        _fail(
-            f"{type(exc).__name__}: {exc}", "rerun with DFLASH_ZOO_DEBUG=1 for the traceback and report it", 1
-        )
+            _fail(str(known), known.hint, known.exit_code, as_json)
+        report = "rerun with DFLASH_ZOO_DEBUG=1 for the traceback and report it"
+        _fail(f"{type(exc).__name__}: {exc}", report, 1, as_json)
 
 
-def _fail(message: str, hint: str | None, code: int) -> None:
-    """`error: <one line>` and `hint: <next step>` on stderr, then exit."""
-    sys.stderr.write(f"error: {' '.join(message.split())}\n")
+def _fail(message: str, hint: str | None, code: int, as_json: bool = False) -> None:
+    """`error: <one line>` and `hint: <next step>` on stderr (and, under --json, the same as one JSON object
+    `{"error", "hint", "exit_code"}` on stdout), then exit."""
+    line = " ".join(message.split())
+    if as_json:
+        from dflash_zoo.output import emit_json
+
+        try:
+            emit_json({"error": line, "hint": hint, "exit_code": code})
+        except (BrokenPipeError, ValueError):  # the reader is gone (or stdout closed): stderr still says it
+            pass
+    sys.stderr.write(f"error: {line}\n")
     if hint:
         sys.stderr.write(f"hint: {hint}\n")
     sys.exit(code)
+
+
+def json_requested(args: list[str]) -> bool:
+    """True when `args` run a command that has `--json` with that flag (before any `--`, past which
+    arguments belong to another program, as for `serve`)."""
+    head = args[: args.index("--")] if "--" in args else args
+    if "--json" not in head:
+        return False
+    name = next((a for a in head if not a.startswith("-")), None)
+    target = COMMANDS.get(name or "")
+    if target is None:
+        return False
+    module, attr = target.split(":")
+    try:
+        command = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError):
+        return False
+    return any("--json" in getattr(p, "opts", ()) for p in command.params)
 
 
 def _usage_hint(exc: click.UsageError) -> str:

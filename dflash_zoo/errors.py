@@ -97,9 +97,36 @@ def _fs_error(exc: OSError) -> ZooError:
         message = f"cannot write to {path}: read-only file system"
     elif exc.errno in (errno.ENOSPC, errno.EDQUOT):
         message = f"no space left writing {path} ({exc.strerror})"
+    elif exc.filename and not _readable(str(path)):  # EACCES on a read: a write hint would mislead
+        return ZooError(
+            f"cannot read {path}: permission denied",
+            hint=f"make it readable (chmod a+r {path}), or run as a user who can read it",
+        )
     else:
         message = f"permission denied: {path}"
     return ZooError(message, hint=_location_hint(str(path)))
+
+
+def _readable(path: str) -> bool:
+    """False when `path` exists but this process cannot read it (or list it, for a directory), tried for
+    real: `os.access` answers for the real user, not the capabilities the process has."""
+    try:
+        os.lstat(path)
+    except PermissionError:
+        return False  # a folder on the way cannot be searched
+    except OSError:
+        return True  # nothing to read: the error came from creating it
+    try:
+        if os.path.isdir(path):
+            os.listdir(path)
+        else:
+            with open(path, "rb"):
+                pass
+    except PermissionError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _location_hint(path: str) -> str:

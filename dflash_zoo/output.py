@@ -10,7 +10,9 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
@@ -76,18 +78,66 @@ def table(
     return t
 
 
-def print_table(t: Table) -> None:
-    """A table on stdout at its natural width, wider than the console if need be: no cell (repo id, path) is
-    ever folded, and a pipe or a file gets one line per row for grep / awk (a narrow terminal wraps the lines
-    itself; the ids stay whole when copied)."""
+def print_table(t: Table, cut: Sequence[str] = ()) -> None:
+    """A table on stdout. Into a pipe or a file: at its natural width, wider than the console if need be, no
+    cell (repo id, path) ever folded, one line per row for grep / awk. On a terminal narrower than that: the
+    `cut` columns (by header, case-insensitive) are shortened with an ellipsis first, so rows fit the screen
+    (`--json` and pipes keep every id whole)."""
     con = stdout()
     natural = Measurement.get(con, con.options.update_width(100_000), t).maximum
     width = con.width
+    if con.is_terminal and natural > width and cut:
+        names = {c.upper() for c in cut}
+        for column in t.columns:  # rich narrows wrappable columns only: the `cut` ones
+            column.no_wrap = str(column.header).upper() not in names
+            column.overflow = "ellipsis"
+        con.print(t)
+        return
     con.width = max(width, natural)  # print(width=) can only narrow
     try:
         con.print(t)
     finally:
         con.width = width
+
+
+class _Lines:
+    """Progress as plain stderr lines where no spinner can show (a pipe, a log file): the first message at
+    once, then an update at most every `every` seconds."""
+
+    def __init__(self, message: str, every: float = 5.0):
+        self.every, self.last = every, time.monotonic()
+        info(message)
+
+    def update(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            info(message)
+
+
+class _Silent:
+    def update(self, message: str) -> None:
+        pass
+
+
+@contextmanager
+def status(message: str, lines: bool = False) -> Iterator[Any]:
+    """A spinner on a terminal's stderr; elsewhere, with `lines` (long work: evaluation, regeneration), plain
+    progress lines, else nothing (so that a failure there is the only output). `update(text)` changes it."""
+    con = stderr()
+    if con.is_terminal:
+        with con.status(message, spinner="dots") as spinner:
+            yield spinner
+    else:
+        yield _Lines(message) if lines else _Silent()
+
+
+def quiet_loading() -> None:
+    """Turn transformers' own loading bars off (our status line says what is loading); called by the
+    commands that load models, never at import."""
+    from transformers.utils import logging as tf_logging
+
+    tf_logging.disable_progress_bar()
 
 
 def hint(message: str) -> None:

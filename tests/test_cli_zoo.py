@@ -101,15 +101,40 @@ def test_list_plain_word_matches_substrings():
     assert run("list", "qwen3-8", "-q").stdout.split()[0] == "qwen3-8b"
 
 
-@pytest.mark.parametrize("columns,terminal", [("80", False), ("120", False), ("80", True)])
-def test_list_never_folds_ids(columns, terminal):
-    """At 80 or 120 columns, piped or on a terminal: each entry is one line holding its ids whole."""
-    env = {"COLUMNS": columns, "NO_COLOR": "1"} | ({"FORCE_COLOR": "1"} if terminal else {})
-    result = CliRunner().invoke(cli, ["list"], env=env)
+@pytest.mark.parametrize("columns", ["80", "120"])
+def test_list_never_folds_ids_into_a_pipe(columns):
+    """Piped (grep, awk): each entry is one line holding its ids whole, whatever the width."""
+    result = CliRunner().invoke(cli, ["list"], env={"COLUMNS": columns, "NO_COLOR": "1"})
     assert result.exit_code == 0, result.output
     rows = [line.split() for line in result.stdout.splitlines()[1:]]
     entries = list(load_registry())
     assert [r[:3] for r in rows] == [[e.slug, e.target_repo, e.draft_repo] for e in entries]
+
+
+@pytest.mark.parametrize("columns", [100, 80])
+def test_list_fits_the_terminal(columns):
+    """On a terminal the table fits its width: one line per entry, the id whole, long repo ids cut with an
+    ellipsis (`info ID`, `--json` and pipes show them whole)."""
+    env = {"COLUMNS": str(columns), "NO_COLOR": "1", "FORCE_COLOR": "1"}
+    result = CliRunner().invoke(cli, ["list"], env=env)
+    assert result.exit_code == 0, result.output
+    lines = [_plain(line) for line in result.stdout.splitlines()]
+    assert max(len(line) for line in lines) <= columns, "\n".join(lines)
+    entries = list(load_registry())
+    assert len(lines) == 1 + len(entries)
+    for line, e in zip(lines[1:], entries, strict=True):
+        slug, target, draft = line.split()[:3]
+        assert slug == e.slug
+        for shown, full in ((target, e.target_repo), (draft, e.draft_repo)):
+            assert shown == full or (shown.endswith("…") and full.startswith(shown[:-1])), (shown, full)
+    assert any(line.split()[2].endswith("…") for line in lines[1:])  # the natural table is wider
+
+
+def _plain(line: str) -> str:
+    """`line` without ANSI escapes (FORCE_COLOR styles the header)."""
+    import re
+
+    return re.sub(r"\x1b\[[0-9;]*m", "", line)
 
 
 def test_list_no_match_and_bad_flags():

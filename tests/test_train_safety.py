@@ -153,6 +153,140 @@ def test_leftovers_of_an_interrupted_swap_are_recovered_and_named(capsys, tmp_pa
     load_drafter(out)
 
 
+def _untagged_drafter(src: Path, dst: Path, extra: dict[str, str] | None = None) -> dict[str, bytes]:
+    """A drafter as another tool writes it (no dflash-zoo tag in its weights) at `dst`; returns its files."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    dst.mkdir(parents=True)
+    shutil.copy(src / "config.json", dst / "config.json")
+    with safe_open(str(src / "model.safetensors"), framework="pt") as f:
+        save_file({k: f.get_tensor(k) for k in f.keys()}, str(dst / "model.safetensors"), {"format": "pt"})
+    for name, text in (extra or {}).items():
+        (dst / name).write_text(text)
+    return {p.name: p.read_bytes() for p in dst.iterdir()}
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in d.iterdir()}
+
+
+@pytest.fixture(scope="module")
+def drafter(tmp_path_factory, target) -> Path:
+    """A small drafter of the tiny target, trained here (tagged as ours, with training_args.json)."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    base = tmp_path_factory.mktemp("drafter")
+    rows = [{"text": "abcdefgh " * 6} for _ in range(4)]
+    (base / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    argv = ["train", "--target", str(target), "--data", str(base / "data.jsonl"), "--out", str(base / "d"),
+            "--steps", "1", *TINY]  # fmt: skip
+    with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+        main(argv)
+    return base / "d"
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["another-tools-drafter", "our-earlier-drafter"])
+@pytest.mark.parametrize("save_every", ["0", "1"])
+def test_init_from_out_checkpoint_never_deletes_it(
+    capsys, tmp_path, target, data, drafter, tagged, save_every
+):
+    """`train --init mine-checkpoint --out mine`: the natural fine-tuning command keeps its own input."""
+    mine = tmp_path / "mine-checkpoint"
+    if tagged:
+        shutil.copytree(drafter, mine)
+        before = _files(mine)
+    else:
+        before = _untagged_drafter(drafter, mine)
+    code, _, err = train(capsys, target, data, tmp_path / "mine", "--init", mine, "--save-every", save_every)
+    assert _files(mine) == before  # nothing removed, nothing written
+    if save_every == "0":  # no checkpoint is written: the sibling is not ours and is left alone
+        assert code == 0, err
+        load_drafter(tmp_path / "mine")
+    else:  # checkpoints would go there: refused before anything loads
+        assert code == 2, err
+        assert f"checkpoint directory {mine} holds files dflash-zoo did not write" in " ".join(err.split())
+        assert not (tmp_path / "mine").exists()
+
+
+def test_a_sibling_named_like_our_checkpoints_is_never_removed(capsys, tmp_path, target, data):
+    """`mkdir m-checkpoint; echo '{}' > m-checkpoint/config.json; train --out m --save-every 0`."""
+    root = tmp_path / "m-checkpoint"
+    root.mkdir()
+    (root / "config.json").write_text("{}")
+    code, _, err = train(capsys, target, data, tmp_path / "m", "--save-every", "0")
+    assert code == 0, err
+    assert (root / "config.json").read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl", "m", "m-checkpoint"]
+
+
+def test_a_fresh_run_beside_kept_checkpoints_refuses(capsys, tmp_path, target, data):
+    """Checkpoints kept by an earlier run (`--keep-checkpoints`) are not deleted by a run without --resume."""
+    out, root = tmp_path / "d", tmp_path / "d-checkpoint"
+    assert train(capsys, target, data, out, "--keep-checkpoints", steps=2)[0] == 0
+    kept = _files(root / "step-00000002")
+    for extra in ([], ["--save-every", "1"], ["--keep-checkpoints"]):
+        code, _, err = train(capsys, tmp_path / "no-target", data, out, *extra)  # refused before loading
+        assert code == 2, err
+        err = " ".join(err.split())
+        assert f"{root} holds the checkpoints of an earlier run (newest: step-00000002)" in err, err
+        assert "--resume" in err and "--overwrite" in err
+        assert _files(root / "step-00000002") == kept
+    code, _, err = train(capsys, target, data, out, "--resume", "--keep-checkpoints", steps=3)
+    assert code == 0, err
+    assert (root / "step-00000003" / checkpoints.DONE_FILE).is_file()
+    code, _, err = train(capsys, target, data, out, "--overwrite")  # starting afresh deletes them
+    assert code == 0, err
+    assert not root.exists()
+
+
+def test_a_drafter_from_elsewhere_with_training_args_needs_overwrite(capsys, tmp_path, target, data, drafter):
+    """File names prove nothing: a drafter another tool wrote (even with a training_args.json) is the user's."""
+    out = tmp_path / "d"
+    before = _untagged_drafter(drafter, out, {"training_args.json": '{"lr": 1}'})
+    code, _, err = train(capsys, tmp_path / "no-target", data, out)
+    assert code == 2, err
+    assert f"{out} is not empty and was not written by dflash-zoo" in " ".join(err.split())
+    assert _files(out) == before
+    code, _, err = train(capsys, target, data, out, "--overwrite")
+    assert code == 0, err
+    assert f"{out} holds files dflash-zoo did not write (--overwrite): it is replaced" in " ".join(
+        err.split()
+    )
+    assert json.loads((out / "training_args.json").read_text())["steps_done"] == 1
+
+
+def test_replacing_our_own_earlier_output_is_announced(capsys, tmp_path, target, data):
+    out = tmp_path / "d"
+    assert train(capsys, target, data, out)[0] == 0
+    code, _, err = train(capsys, target, data, out)
+    assert code == 0, err
+    assert f"{out} holds an earlier dflash-zoo output: it is replaced when this run finishes" in " ".join(
+        err.split()
+    )
+
+
+@pytest.mark.parametrize("where", ["draft", "draft-new", "package"])
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_the_installed_package_is_never_an_output(capsys, tmp_path, data, where, overwrite):
+    """`--out "$(dflash-zoo info demo --json | jq -r .draft)"` once rewrote the installed demo drafter."""
+    import dflash_zoo
+    from dflash_zoo import demo
+
+    draft = Path(demo.draft_dir())
+    out = {"draft": draft, "draft-new": draft.parent / "new", "package": Path(dflash_zoo.__file__).parent}[
+        where
+    ]
+    before = _files(draft)
+    # a target that does not exist: if the refusal ever went missing, the run still stops before writing
+    code, _, err = train(capsys, tmp_path / "no-target", data, out, *overwrite)
+    assert code == 2, err
+    assert "it is or holds the installed dflash-zoo package" in " ".join(err.split())
+    assert _files(draft) == before and not (draft.parent / "new").exists()
+    assert not (draft.parent / "new-checkpoint").exists()
+
+
 # --- early checks: every input and output before any model is loaded ---------------------------------
 
 
@@ -229,7 +363,7 @@ def test_outputs_have_normal_permissions(capsys, tmp_path, target, data):
     finally:
         os.umask(old)
     assert code == 0, err
-    (step,) = (tmp_path / "d-checkpoint").iterdir()
+    (step,) = (p for p in (tmp_path / "d-checkpoint").iterdir() if p.is_dir())
     for d in (tmp_path / "d", tmp_path / "d-checkpoint", step):
         assert d.stat().st_mode & 0o777 == 0o755, d
         for f in d.iterdir():
@@ -293,7 +427,8 @@ def test_resume_skips_incomplete_checkpoints_and_names_them(capsys, tmp_path, ta
         and f"skipping incomplete checkpoint {partial}" in err
     )
     assert json.loads(stdout)["steps"] == 3
-    assert sorted(p.name for p in root.iterdir()) == ["step-00000003"]  # the new one replaced all of them
+    left = sorted(p.name for p in root.iterdir())
+    assert left == [checkpoints.MARKER, "step-00000003"]  # the new one replaced all of them
     assert (root / "step-00000003" / checkpoints.DONE_FILE).is_file()
 
 

@@ -14,14 +14,12 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import click
 
-from dflash_zoo.errors import NotFoundError, ZooError
+from dflash_zoo.errors import NotFoundError
 from dflash_zoo.output import emit_json, hint, human_size, info, stdout, table
 from dflash_zoo.zoo import hub
 
@@ -123,31 +121,6 @@ def _repo_role(found: tuple[Any, str] | None, name: str) -> tuple[str, str]:
     return repo_id, f"repo id, {what} of {entry.slug}"
 
 
-@contextmanager
-def _json_errors(as_json: bool) -> Iterator[None]:
-    """With --json, a failure also prints one JSON object (error, hint, exit_code) on stdout; the exit
-    code and the one-line stderr message are those of any other failure."""
-    try:
-        yield
-    except Exception as exc:
-        if as_json:
-            emit_json(_error_dict(exc))
-        raise
-
-
-def _error_dict(exc: Exception) -> dict[str, Any]:
-    """What the CLI prints for `exc` on stderr (cli.main), as JSON: an unexpected error too, not nothing."""
-    from dflash_zoo.errors import from_exception
-
-    if isinstance(exc, click.ClickException):
-        return {"error": exc.message, "hint": None, "exit_code": exc.exit_code}
-    known = exc if isinstance(exc, ZooError) else from_exception(exc)
-    if known is not None:
-        return {"error": str(known), "hint": known.hint, "exit_code": known.exit_code}
-    hint = "rerun with DFLASH_ZOO_DEBUG=1 for the traceback and report it"
-    return {"error": f"{type(exc).__name__}: {exc}", "hint": hint, "exit_code": 1}
-
-
 def _zoo_home_var() -> str:
     return "DFLASH_ZOO_HOME" if os.environ.get("DFLASH_ZOO_HOME") else "DFLASH_ZOO_HOME unset, so the default"
 
@@ -182,8 +155,7 @@ def pull(model_id, with_target, revision, dry_run, offline, verify, force, quiet
       dflash-zoo pull qwen3-8b --verify --force   # re-hash the cache, re-fetch what is corrupt
       HF_HUB_OFFLINE=1 dflash-zoo pull qwen3-8b -q   # path of the cached copy, or what is missing
     """
-    with _json_errors(as_json):
-        _pull(model_id, with_target, revision, dry_run, offline, verify, force, quiet, as_json)
+    _pull(model_id, with_target, revision, dry_run, offline, verify, force, quiet, as_json)
 
 
 def _pull(model_id, with_target, revision, dry_run, offline, verify, force, quiet, as_json) -> None:
@@ -327,8 +299,7 @@ def rm(model_ids, with_target, dry_run, yes, as_json):
       dflash-zoo rm Qwen/Qwen3-8B --dry-run       # that repo only
       dflash-zoo rm qwen3-8b --yes --json
     """
-    with _json_errors(as_json):
-        _rm(model_ids, with_target, dry_run, yes, as_json)
+    _rm(model_ids, with_target, dry_run, yes, as_json)
 
 
 def _rm(model_ids, with_target, dry_run, yes, as_json) -> None:

@@ -58,11 +58,9 @@ def model_options(f):
     return f
 
 
-class Temperature(click.FloatRange):
-    """A temperature: a finite float >= 0 (FloatRange lets `nan` and `inf` through)."""
-
-    def __init__(self) -> None:
-        super().__init__(min=0)
+class Finite(click.FloatRange):
+    """A finite float in a range (click's FloatRange lets `nan` through every bound, and `inf` through
+    open-ended ones)."""
 
     def convert(self, value: Any, param: Any, ctx: Any) -> float:
         import math
@@ -73,9 +71,14 @@ class Temperature(click.FloatRange):
         return number
 
 
-top_p_option = click.option(
-    "--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True
-)
+class Temperature(Finite):
+    """A temperature: a finite float >= 0."""
+
+    def __init__(self) -> None:
+        super().__init__(min=0)
+
+
+top_p_option = click.option("--top-p", type=Finite(0, 1, min_open=True), default=1.0, show_default=True)
 top_k_option = click.option(
     "--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off."
 )
@@ -115,14 +118,15 @@ def decoding_options(f):
 
 
 def load_pipeline(target, draft, device, dtype, revision, draft_revision, devices=None, compile_steps=False):
-    import transformers
+    from dflash_zoo.output import quiet_loading, status
 
+    check_device(device)  # imports torch only for a --device given
+    precheck_models(target, draft)  # torch-free: a typo or a broken local target fails before torch loads
     from dflash_zoo.api import load
 
-    transformers.utils.logging.disable_progress_bar()  # our own spinner says what is happening
-    check_device(device)
+    quiet_loading()  # our own status line says what is happening
 
-    with stderr().status("loading models...", spinner="dots"):
+    with status("loading models..."):
         pipe = load(
             target,
             draft,
@@ -141,12 +145,12 @@ def load_pipeline(target, draft, device, dtype, revision, draft_revision, device
 def check_device(device: str | None) -> None:
     """Refuse a --device torch cannot parse (usage, exit 2) or a GPU this machine lacks (exit 1), before
     anything loads; torch's own errors ("Torch not compiled with CUDA enabled") name no next step."""
+    if device is None:
+        return
     import torch
 
     from dflash_zoo.errors import InvalidArgumentError, ZooError, no_gpu_error
 
-    if device is None:
-        return
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
@@ -179,6 +183,25 @@ def check_model_paths(*names: str | None) -> None:
     for name in names:
         if name and looks_like_path(name) and not os.path.isdir(os.path.expanduser(name)):
             raise missing_directory(name)
+
+
+def precheck_models(target: str | None, draft: str | None, registry: bool = True) -> None:
+    """What can fail without loading anything, in the order a user reads the arguments: a path that is not a
+    directory, a mistyped registry id (with `registry`, a target given without --draft is one), a local target
+    whose config or weight headers are broken. Imports no torch."""
+    import os
+    from pathlib import Path
+
+    check_model_paths(target, draft)
+    local = target is not None and os.path.isdir(os.path.expanduser(target))
+    if registry and target and draft is None and not local:
+        from dflash_zoo.zoo.registry import load_registry
+
+        load_registry().resolve(target)  # NotFoundError with the nearest ids
+    if local:
+        from dflash_zoo.engine.target_files import check_target_dir
+
+        check_target_dir(Path(target).expanduser())
 
 
 def gen_kwargs(params: dict[str, Any]) -> dict[str, Any]:
@@ -283,7 +306,7 @@ def pull_missing(name: str) -> None:
     import os
 
     from dflash_zoo.api import TARGET_FILES, locked_revision
-    from dflash_zoo.engine.checkpoint import DRAFT_FILES
+    from dflash_zoo.sources import DRAFT_FILES
     from dflash_zoo.errors import looks_like_path, missing_directory
     from dflash_zoo.output import human_size
     from dflash_zoo.zoo import hub

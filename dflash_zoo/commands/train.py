@@ -11,8 +11,15 @@ from typing import Any
 
 import click
 
-from dflash_zoo.commands.run import Temperature, check_device, check_model_paths, load_pipeline, model_options
-from dflash_zoo.output import emit_json, hint, info, stderr, table
+from dflash_zoo.commands.run import (
+    Finite,
+    Temperature,
+    check_device,
+    check_model_paths,
+    load_pipeline,
+    model_options,
+)
+from dflash_zoo.output import emit_json, hint, info, status, table
 from dflash_zoo.paths import zoo_home
 
 EXAMPLES_TRAIN = """
@@ -36,13 +43,12 @@ def _ids(text: str | None) -> tuple[int, ...] | None:
 
 
 def _load_target(target: str, device: str | None, dtype: str) -> tuple[Any, Any, str]:
-    from transformers.utils.logging import disable_progress_bar
-
     from dflash_zoo.api import default_device, load_target, parse_dtype
+    from dflash_zoo.output import quiet_loading
 
     device = device or default_device()
-    disable_progress_bar()  # the spinner says what is happening (as for generate)
-    with stderr().status("loading target...", spinner="dots"):
+    quiet_loading()  # the status line says what is happening (as for generate)
+    with status("loading target..."):
         model, tok = load_target(target, device, parse_dtype(dtype, device), None)
     if tok is None:
         raise click.UsageError(f"{target} has no tokenizer; training and eval need one")
@@ -51,7 +57,9 @@ def _load_target(target: str, device: str | None, dtype: str) -> tuple[Any, Any,
 
 def _preflight(p: dict, rank: int) -> list:
     """Everything that can be checked without a model: the data file, every output location, --init,
-    --resume and --target-layer-ids (against a local target's config). Returns the data records."""
+    --resume, the block size and --target-layer-ids (against a local target's config). Returns the data
+    records."""
+    from dflash_zoo.commands.run import precheck_models
     from dflash_zoo.engine.outdir import check_holds_no_input, check_writable
     from dflash_zoo.training import checkpoints, data
     from dflash_zoo.training.train import TrainConfig, check_locations
@@ -59,18 +67,19 @@ def _preflight(p: dict, rank: int) -> list:
     check_device(p["device"])  # `--device nonsense` / a GPU this machine lacks: before anything loads
     records = data.read_jsonl(p["data"])
     if rank == 0:
-        check_locations(TrainConfig(out=p["out"], overwrite=p["overwrite"]), resume=False)
+        cfg = TrainConfig(out=p["out"], overwrite=p["overwrite"], save_every=p["save_every"],
+                          keep_checkpoints=p["keep_checkpoints"])  # fmt: skip
+        found = check_locations(cfg, resume=p["resume"])  # "nothing to resume" names what it skipped
         inputs = {"--data": p["data"], "--target": p["target"], "--init": p["init"]}
         check_holds_no_input(Path(p["out"]), inputs)  # --overwrite must not delete what the run reads
-    root = checkpoints.root_for(p["out"])
-    if p["resume"]:
-        found = checkpoints.find(root)[0]
-        if found is None:
-            checkpoints.latest(root)  # raises "nothing to resume", naming what it skipped
-        checkpoints.check_state(found)
+        if found is not None:
+            checkpoints.check_state(found)
+        _announce_replacement(Path(p["out"]), p["overwrite"])
     if p["regenerate"]:
         check_writable(zoo_home() / "regen", "regeneration cache (DFLASH_ZOO_HOME)")
     check_model_paths(p["target"], p["init"])
+    precheck_models(p["target"], None, registry=False)  # a local target's config and weight headers
+    _check_block(p)
     ids = _ids(p["target_layer_ids"])
     layers = _local_layers(p["target"])
     if ids and layers is not None and not (p["init"] or p["resume"]):
@@ -78,6 +87,55 @@ def _preflight(p: dict, rank: int) -> list:
 
         check_layer_ids(ids, layers)
     return records
+
+
+def _announce_replacement(out: Path, overwrite: bool) -> None:
+    """Say, before the run, that OUT will be replaced when it finishes (it was checked replaceable)."""
+    from dflash_zoo.engine.outdir import is_ours, norm
+
+    out = norm(out)
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    whose = "an earlier dflash-zoo output" if is_ours(out) else "files dflash-zoo did not write (--overwrite)"
+    info(f"{out} holds {whose}: it is replaced when this run finishes")
+
+
+def _check_block(p: dict) -> None:
+    """The block must fit a training sequence, and a drafter given with --init keeps the block it has."""
+    from click.core import ParameterSource
+
+    from dflash_zoo.errors import InvalidArgumentError
+
+    block, trained = p["block_size"], _init_block(p["init"])
+    given = click.get_current_context().get_parameter_source("block_size") is ParameterSource.COMMANDLINE
+    if trained is not None and given and block != trained:
+        raise InvalidArgumentError(
+            f"--block-size {block} differs from the --init drafter's block size {trained}",
+            hint="drop --block-size (a drafter keeps the block it was trained with), or train a new one "
+            "without --init",
+        )
+    block = trained or block
+    if block >= p["max_length"]:
+        raise InvalidArgumentError(
+            f"block size {block} does not fit --max-length {p['max_length']}: a training block (its anchor "
+            f"and {block - 1} drafted tokens) must lie inside one sequence",
+            hint=f"use a block size below {p['max_length']} (the paper trains 16 at --max-length 3072), "
+            "or raise --max-length",
+        )
+
+
+def _init_block(init: str | None) -> int | None:
+    """The block size of a local --init drafter (None for a Hub id, or a config only the loader can read)."""
+    from dflash_zoo.engine.config import load_draft_config
+    from dflash_zoo.errors import ZooError
+
+    path = Path(init).expanduser() / "config.json" if init else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        return load_draft_config(path).block_size
+    except ZooError:  # reported, with its own message, when the drafter loads
+        return None
 
 
 def _local_layers(target: str) -> int | None:
@@ -106,7 +164,7 @@ def _examples(p: dict, records: list, model: Any, tok: Any, rank: int, world: in
     settings = {k: p[k] for k in keys} | {"dtype": str(model.dtype)}
     cache = zoo_home() / "regen" / f"{data.regen_key(p['target'], p['data'], settings)}.jsonl"
     if rank == 0 or cache.is_file():
-        with stderr().status("target regenerating responses...", spinner="dots") as st:
+        with status("target regenerating responses...", lines=True) as st:
             exs = data.regenerate(
                 records, model, tok, raw=p["raw"], chat_kwargs=chat, max_new_tokens=p["max_new_tokens"],
                 temperature=p["temperature"], batch_size=p["regen_batch_size"], prompt_tokens=p["prompt_tokens"],
@@ -184,11 +242,14 @@ def _examples(p: dict, records: list, model: Any, tok: Any, rank: int, world: in
 )
 @click.option("--max-length", type=click.IntRange(min=4), default=3072, show_default=True)
 @click.option("--anchors-per-seq", type=click.IntRange(min=1), default=512, show_default=True)
-@click.option("--lr", type=float, default=6e-4, show_default=True)
+@click.option("--lr", type=Finite(min=0, min_open=True), default=6e-4, show_default=True)
 @click.option("--warmup-ratio", type=click.FloatRange(0, 1), default=0.04, show_default=True)
-@click.option("--weight-decay", type=float, default=0.0, show_default=True)
+@click.option("--weight-decay", type=Finite(min=0), default=0.0, show_default=True)
 @click.option(
-    "--loss-decay-gamma", type=float, default=None, help="Default 7/5/4 for B=16/10/8 (see docs/training.md)."
+    "--loss-decay-gamma",
+    type=Finite(min=0, min_open=True),
+    default=None,
+    help="Default 7/5/4 for B=16/10/8 (see docs/training.md).",
 )
 @click.option("--uniform-loss-weights", is_flag=True, help="Ablation: w_k = 1.")
 @click.option(
@@ -261,7 +322,7 @@ def train(**p: Any) -> None:
 )
 @click.option("--max-new-tokens", "-n", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--temperature", type=Temperature(), default=0.0, show_default=True)
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
+@click.option("--top-p", type=Finite(0, 1, min_open=True), default=1.0, show_default=True)
 @click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
 @click.option(
     "--block-size", type=click.IntRange(min=2), default=None, help="Run smaller blocks than trained."
@@ -292,10 +353,11 @@ def eval_cmd(
     positions = target_positions(pipe.model.config)
     chat = pipe.chat_template_kwargs
     prompts = load_prompts(data, pipe.tokenizer, raw, chat, prompt_tokens, limit, positions)
-    with stderr().status("evaluating...", spinner="dots") as st:
+    with status(f"evaluating {len(prompts)} prompt(s)...", lines=True) as st:
         res = evaluate(
             pipe, prompts, baseline=not no_baseline, on_prompt=lambda n, t: st.update(f"prompt {n}/{t}"), **kw
         )
+    info(f"evaluated {res.prompts} prompt(s): mean acceptance length {res.mean_acceptance_length:.2f}")
     if as_json:
         emit_json(res.to_dict())
     else:

@@ -106,7 +106,7 @@ def list_cmd(pattern: str | None, as_json: bool, quiet: bool) -> None:
     elif entries:
         rows = [_list_row(e) for e in entries]
         cols = ("ID", "TARGET", "DRAFT", "BLOCK", "STATUS", "SIZE", "INSTALLED")
-        output.print_table(output.table(cols, rows, ids=("ID", "TARGET", "DRAFT")))
+        output.print_table(output.table(cols, rows, ids=("ID", "TARGET", "DRAFT")), cut=("TARGET", "DRAFT"))
 
 
 def _as_glob(pattern: str | None) -> str | None:

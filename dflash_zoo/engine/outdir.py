@@ -1,8 +1,9 @@
 """Directories the tool writes: refuse what it did not write, replace by a swap, clean up its own leftovers.
 
 A directory is *ours* when every entry in it is a file name our writers produce and its `model.safetensors`
-carries our metadata tag (`OWNER_KEY`); a train output written before the tag existed is recognised by its
-`training_args.json`. Anything else is the user's and is replaced only with an explicit `overwrite`.
+carries the metadata tag our writers put in at creation (`OWNER_KEY`); file names alone never prove it (a
+user's drafter has the same ones). Anything else is the user's and is replaced only with an explicit
+`overwrite`; the installed package (the embedded demo pair) is never an output, whatever the flags.
 
 New content goes into a hidden sibling `.NAME.tmp-XXXXXXXX` (normal permissions under the umask), is fsynced,
 then swapped in: NAME is renamed to `.NAME.old-XXXXXXXX`, the new directory renamed to NAME, and only then the
@@ -104,17 +105,47 @@ def is_ours(directory: Path) -> bool:
         names = {p.name for p in directory.iterdir()}
     except OSError:
         return False
-    if not names <= OUR_FILES or "model.safetensors" not in names:
+    return names <= OUR_FILES and has_tag(directory / "model.safetensors")
+
+
+def has_tag(weights: Path) -> bool:
+    """True when the safetensors file `weights` carries the tag our writers put into its metadata."""
+    if not weights.is_file() or weights.is_symlink():
         return False
-    if "training_args.json" in names:
-        return True
     try:
         from safetensors import safe_open
 
-        with safe_open(str(directory / "model.safetensors"), framework="pt") as f:
+        with safe_open(str(weights), framework="pt") as f:
             return (f.metadata() or {}).get(OWNER_KEY) == OWNER
     except Exception:  # unreadable or truncated header: not something we can vouch for
         return False
+
+
+def package_dirs() -> tuple[Path, ...]:
+    """The installed package's folders (`dflash_zoo`, and `dflash_zoo.adapters` where it lives apart)."""
+    import dflash_zoo
+    import dflash_zoo.adapters
+
+    return tuple(dict.fromkeys(Path(m.__file__).parent.resolve() for m in (dflash_zoo, dflash_zoo.adapters)))
+
+
+def in_package(path: Path) -> Path | None:
+    """The package folder that `path` is inside of, is, or contains; None when it touches none."""
+    real = norm(path).resolve()
+    for pkg in package_dirs():
+        if real == pkg or pkg in real.parents or real in pkg.parents:
+            return pkg
+    return None
+
+
+def check_not_package(path: Path, what: str = "output") -> None:
+    """Refuse any write at or around the installed package (its demo pair is read by every default run)."""
+    pkg = in_package(path)
+    if pkg is not None:
+        raise InvalidArgumentError(
+            f"refusing to use {norm(path)} as an {what}: it is or holds the installed dflash-zoo package {pkg}",
+            hint="choose a directory outside the package (copy the demo pair first to train from it)",
+        )
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -176,6 +207,7 @@ def check_holds_no_input(out: Path, inputs: dict[str, str | os.PathLike | None])
 def check_output(out: Path, overwrite: bool = False, flag: str = "--overwrite") -> None:
     """Refuse an `out` that cannot be replaced safely; run before any work that would be lost."""
     out = norm(out)
+    check_not_package(out)  # even with `overwrite`, even when `out` does not exist yet
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise InvalidArgumentError(f"{out} exists and is not a directory", hint="choose another output path")
     check_writable(out.parent if out.exists() else out, "output directory")

@@ -216,10 +216,12 @@ def check_locations(cfg: TrainConfig, resume: bool) -> Path | None:
     Returns the checkpoint `--resume` will use (None without `resume`).
     """
     out, root = outdir.norm(cfg.out), checkpoints.root_for(cfg.out)
+    outdir.check_not_package(out)  # before `recover` touches anything beside it
     outdir.check_writable(out.parent if out.exists() else out, "output directory")
     outdir.recover(out)
     outdir.check_output(out, cfg.overwrite)
-    checkpoints.check_root(root)
+    writes = bool(cfg.save_every or cfg.keep_checkpoints)
+    checkpoints.check_root(root, writes=writes, resume=resume, overwrite=cfg.overwrite)
     return checkpoints.latest(root) if resume else None
 
 

@@ -13,7 +13,6 @@ Failures raise `ZooError` subclasses with a next step.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -51,7 +50,10 @@ def resolve_target(
         raise InvalidArgumentError(f"{name} is a drafter; pass it as --draft and its target as --target")
     cfg, source = _target_config(name, config, named[0] if named else None, offline, reg)
     cls = find_adapter(str(cfg.get("model_type", "")))
-    fp = fingerprint(cfg, cls or TargetAdapter)
+    try:
+        fp = fingerprint(cfg, cls or TargetAdapter)
+    except ConfigError as exc:  # name the file it came from
+        raise ConfigError(f"{source}: {exc}", hint=exc.hint) from exc
     return cfg, Side(name, source, *(named or _by_fingerprint(reg, fp))), fp, cls
 
 
@@ -181,15 +183,11 @@ def _hub_config(repo: str, revision: str | None) -> Path:
 
 
 def _read_json(path: Path) -> dict:
+    from dflash_zoo.engine.target_files import read_config
+
     if not path.is_file():
-        raise NotFoundError(f"no config file at {path}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:  # UnicodeDecodeError: not UTF-8
-        raise ConfigError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} is not a JSON object")
-    return data
+        raise NotFoundError(f"no config file at {path}", hint="check the path, or pass --config FILE")
+    return read_config(path)
 
 
 def _draft(path: Path, num_target_layers: int) -> DraftConfig:
@@ -202,9 +200,13 @@ def fingerprint(cfg: dict, cls: type[TargetAdapter]) -> TargetFingerprint:
     values = {k: text.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")}
     values["vocab_size"] = values["vocab_size"] or cfg.get("vocab_size")
     missing = [k for k, v in values.items() if not isinstance(v, int) or isinstance(v, bool)]
-    missing += [] if isinstance(cfg.get("model_type"), str) else ["model_type"]
+    missing += [] if isinstance(cfg.get("model_type"), str) and cfg["model_type"] else ["model_type"]
     if missing:
-        raise ConfigError(f"target config lacks {', '.join(missing)}")
+        raise ConfigError(
+            f"target config lacks {', '.join(missing)}",
+            hint="check that --target (or --config) is the target model's config.json; "
+            'a target config names its family ("model_type") and its shape',
+        )
     return TargetFingerprint(str(cfg["model_type"]), **values)
 
 
