@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from dflash_zoo.commands import bench_train
 from dflash_zoo.commands.run import Temperature, devices_option, top_k_option, top_p_option
 from dflash_zoo.errors import ZooError
 from dflash_zoo.output import emit_json, human_size, info, print_table, table
@@ -32,6 +33,7 @@ Examples:
   dflash-zoo bench qwen3-8b --prompts prompts.jsonl --limit 20
   dflash-zoo bench --target Qwen/Qwen3-8B --draft z-lab/Qwen3-8B-DFlash-b16 --path eager --path fast
   dflash-zoo bench --shape qwen3-32b --devices cuda:0,cuda:1 --what-if-acceptance 6.5   # split, eager
+  dflash-zoo bench --train --shape qwen3-8b --attention flex --warmup 3 --repeats 10   # one training step
 \b
 Environment: DFLASH_ZOO_HOME (results go to $DFLASH_ZOO_HOME/bench/), HF_HOME, HF_HUB_OFFLINE=1.
 """
@@ -130,6 +132,7 @@ FIXED_PROMPT_TOKENS, FIXED_NEW_TOKENS = 512, 512  # one fixed prompt (or a rando
     help="JSON record path (default: $DFLASH_ZOO_HOME/bench/<time>-<name>.json).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON record on stdout.")
+@bench_train.train_options
 def bench(
     entry, target, draft, shape, dtype, device, devices, paths, out, as_json, compile_steps,
     prompts_file, raw, limit, prompt_tokens, new_tokens, new_tokens_alias, **kw,
@@ -139,6 +142,13 @@ def bench(
     Each of --repeats runs decodes the prompt (or every prompt of the set) once; the table gives the median
     tok/s and the range over the repeats, and a warning when they spread widely.
     """
+
+    train = bench_train.pop(kw)  # --train: one training step instead (commands/bench_train.py)
+    if train.train:
+        extra = {"--prompts": prompts_file, "--raw": raw, "--limit": limit, "--devices": devices, "--path": paths,
+                 "--prompt-tokens": prompt_tokens, "--max-new-tokens": new_tokens or new_tokens_alias,
+                 "--compile": compile_steps}  # fmt: skip
+        return bench_train.run(train, shape, entry or target or draft, device, dtype, kw, extra, out, as_json)
 
     from dflash_zoo.api import parse_dtype, resolve_devices
     from dflash_zoo.bench import meta as benchmeta

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from dflash_zoo.commands import train_scale
 from dflash_zoo.commands.run import (
     Finite,
     Temperature,
@@ -75,8 +76,9 @@ def _preflight(p: dict, rank: int) -> list:
         if found is not None:
             checkpoints.check_state(found)
         _announce_replacement(Path(p["out"]), p["overwrite"])
-    if p["regenerate"]:
+    if train_scale.regenerating(p):
         check_writable(zoo_home() / "regen", "regeneration cache (DFLASH_ZOO_HOME)")
+    train_scale.preflight(p, rank)
     check_model_paths(p["target"], p["init"])
     precheck_models(p["target"], None, registry=False)  # a local target's config and weight headers
     _check_block(p)
@@ -158,8 +160,11 @@ def _examples(p: dict, records: list, model: Any, tok: Any, rank: int, world: in
     from dflash_zoo.training import data
 
     chat = dict(get_adapter(model.config.model_type).chat_template_kwargs)
-    if not p["regenerate"]:
+    if not train_scale.regenerating(p):
         return data.tokenize_records(records, tok, p["raw"], p["max_length"], chat)
+    if p["regenerate_endpoint"]:
+        exs = train_scale.endpoint_examples(p, records, tok, chat, rank, world)
+        return _cut(exs, p["max_length"])
     keys = ("raw", "prompt_tokens", "max_new_tokens", "temperature", "seed")
     settings = {k: p[k] for k in keys} | {"dtype": str(model.dtype)}
     cache = zoo_home() / "regen" / f"{data.regen_key(p['target'], p['data'], settings)}.jsonl"
@@ -175,11 +180,14 @@ def _examples(p: dict, records: list, model: Any, tok: Any, rank: int, world: in
 
         torch.distributed.barrier()
         exs = data.regenerate(records, model, tok, cache_file=cache)  # every rank reads the cache
-    return [
-        data.Example(e.ids[: p["max_length"]], e.start)
-        for e in exs
-        if min(len(e.ids), p["max_length"]) - e.start >= 2
-    ]
+    return _cut(exs, p["max_length"])
+
+
+def _cut(exs: list, max_length: int) -> list:
+    """Examples cut to `max_length` tokens; those left with fewer than two supervised tokens dropped."""
+    from dflash_zoo.training.data import Example
+
+    return [Example(e.ids[:max_length], e.start) for e in exs if min(len(e.ids), max_length) - e.start >= 2]
 
 
 @click.command(epilog=EXAMPLES_TRAIN)
@@ -256,7 +264,6 @@ def _examples(p: dict, records: list, model: Any, tok: Any, rank: int, world: in
     "--uniform-blocks", is_flag=True, help="Ablation: consecutive blocks instead of random anchors."
 )
 @click.option("--no-target-features", is_flag=True, help="Ablation: fc frozen at zero (no target context).")
-@click.option("--cache-features", is_flag=True, help="Keep target features in memory after their first use.")
 @click.option("--device", default=None, help="cpu, cuda ... (default: cuda if available).")
 @click.option("--dtype", default="auto", show_default=True, help="Target dtype (and the saved drafter's).")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -279,6 +286,7 @@ def _examples(p: dict, records: list, model: Any, tok: Any, rank: int, world: in
     help="Checkpoint to OUT-checkpoint/ every N steps (0: none; with --keep-checkpoints, one at the end).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@train_scale.scale_options
 def train(**p: Any) -> None:
     """Train a DFlash drafter for TARGET on a JSONL file (paper recipe; see docs/training.md)."""
     import dataclasses
@@ -289,13 +297,19 @@ def train(**p: Any) -> None:
     rank, world, local = dist_info()
     records = _preflight(p, rank)  # before the target loads: no late failure throws work away
     device = f"cuda:{local}" if world > 1 and (p["device"] or "cuda").startswith("cuda") else p["device"]
-    model, tok, device = _load_target(p["target"], device, p["dtype"])
+    if p["fsdp_target"]:
+        model, tok, device = train_scale.load_sharded(p, device, rank)
+    else:
+        model, tok, device = _load_target(p["target"], device, p["dtype"])
     t0 = time.perf_counter()
     exs = _examples(p, records, model, tok, rank, world)
     prep = time.perf_counter() - t0
+    if p["regenerate_only"]:
+        info(f"regenerated {len(exs)} examples (cached in {zoo_home() / 'regen'}); --regenerate-only: done")
+        return
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    cfg = TrainConfig(**{k: v for k, v in p.items() if k in fields and k != "target_layer_ids"},
-                      target_layer_ids=_ids(p["target_layer_ids"]))  # fmt: skip
+    given = {k: v for k, v in p.items() if k in fields and k != "target_layer_ids"}
+    cfg = TrainConfig(**(given | train_scale.config_values(p)), target_layer_ids=_ids(p["target_layer_ids"]))
     meta = {"target": p["target"], "data": p["data"], "regenerate": p["regenerate"], "examples": len(exs)}
     res = run_train(cfg, model, tok, exs, device, init=p["init"], resume=p["resume"], meta=meta)
     if rank != 0:

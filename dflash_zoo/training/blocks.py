@@ -10,16 +10,14 @@ slot weights are w_k = exp(-(k-1)/gamma) for k >= 1, slot 0 unsupervised.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 from dflash_zoo.engine.drafter import Span
-
-if TYPE_CHECKING:
-    from dflash_zoo.training.data import Example
+from dflash_zoo.training.head_loss import head_loss
 
 
 def default_gamma(block_size: int) -> float:
@@ -62,15 +60,23 @@ class Batch:
 
 
 def make_batch(seqs: list[list[int]], anchors: list[torch.Tensor], device: Any = "cpu") -> Batch:
-    """Pad sequences and their anchor lists into one `Batch`."""
+    """Pad sequences and their anchor lists into one `Batch` (built on the host, copied without a sync)."""
     width, n = max(map(len, seqs)), max(1, max(len(a) for a in anchors))
-    ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=device)  # [b, T]
+    ids = torch.tensor([s + [0] * (width - len(s)) for s in seqs])  # [b, T]
     pad = torch.zeros(len(seqs), n, dtype=torch.long)
     real = torch.zeros(len(seqs), n, dtype=torch.bool)
     for i, a in enumerate(anchors):
         pad[i, : len(a)], real[i, : len(a)] = a, True
-    lengths = torch.tensor([len(s) for s in seqs], device=device)
-    return Batch(ids, lengths, pad.to(device), real.to(device))
+    lengths = torch.tensor([len(s) for s in seqs])
+    return Batch(*(to_device(t, device) for t in (ids, lengths, pad, real)))
+
+
+def to_device(t: torch.Tensor, device: Any) -> torch.Tensor:
+    """A host tensor on `device`; to CUDA through pinned memory, asynchronously (the host does not wait)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def make_blocks(batch: Batch, block_size: int, mask_id: int, weights: torch.Tensor):
@@ -96,30 +102,74 @@ def make_blocks(batch: Batch, block_size: int, mask_id: int, weights: torch.Tens
     return block.flatten(1), labels.flatten(1), w.flatten(1), span
 
 
+class LossOut(NamedTuple):
+    """A loss and its statistics, all tensors (reading them syncs the device: the trainer does it rarely)."""
+
+    loss: torch.Tensor  # weighted mean CE over supervised slots
+    tau: torch.Tensor  # teacher-forced acceptance estimate over real blocks
+    supervised: torch.Tensor  # number of slots with a positive weight
+
+
+def dflash_loss(
+    hidden: torch.Tensor,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    labels: torch.Tensor,
+    w: torch.Tensor,
+    real: torch.Tensor,
+    rows: int | None,
+) -> LossOut:
+    """The DFlash loss from the drafter's states hidden [R, n*B, H]; labels, w [R, n, B]; real [R, n].
+
+    Slots 1..B-1 of every block are selected by shape (no data-dependent indexing, so no device sync);
+    padding blocks and slots past the end carry weight 0. tau: 1 + the accepted prefix if the argmax drafts
+    were verified against the labels, averaged over real blocks. `head`: states -> drafter logits.
+    """
+    r, n, b = labels.shape
+    h = hidden.view(r, n, b, -1)[:, :, 1:].reshape(r * n * (b - 1), -1)  # [M, H]
+    w1 = w[:, :, 1:].reshape(-1)  # [M]
+    total, hits = head_loss(head, h, labels[:, :, 1:].reshape(-1), w1, rows)
+    loss = total / w1.sum().clamp(min=1e-12)
+    with torch.no_grad():
+        hit = hits.view(r * n, b - 1) & (w[:, :, 1:].reshape(r * n, b - 1) > 0)
+        runs = 1 + hit.long().cumprod(1).sum(1).float()  # [R*n]
+        keep = real.flatten().float()
+        tau = (runs * keep).sum() / keep.sum().clamp(min=1)
+    return LossOut(loss, tau, (w1 > 0).sum())
+
+
 def block_loss(
-    drafter: Any, adapter: Any, batch: Batch, feats: torch.Tensor, mask_id: int, weights: torch.Tensor
-) -> tuple[torch.Tensor, float, int]:
+    module: Any,
+    adapter: Any,
+    batch: Batch,
+    feats: torch.Tensor,
+    mask_id: int,
+    weights: torch.Tensor,
+    head_rows: int | None = None,
+    loss_fn: Callable[..., LossOut] = dflash_loss,
+) -> LossOut:
     """Weighted CE over every block of a batch in one drafter call. feats [b, T, K*H].
 
-    Returns (loss, tau estimate, #supervised slots); tau estimate: 1 + the mean accepted prefix length if
-    the argmax drafts were verified against the labels (real blocks only).
+    `module(emb, feats, span)` returns the final-norm states (a `TrainingDrafter`, DDP-wrapped or not, or
+    a bare drafter); `loss_fn` turns them into a `LossOut` (per drafter architecture).
     """
+    from dflash_zoo.training.forward import bare_drafter, block_embeddings, logits_fn
+
     b = len(weights)
     block, labels, w, span = make_blocks(batch, b, mask_id, weights)
-    with torch.no_grad():
-        emb = adapter.embed(block)  # [rows, n*B, H]
-    dtype = next(drafter.parameters()).dtype
-    h = drafter(emb.to(dtype), feats.to(dtype), span)  # [rows, n*B, H]
-    keep = w > 0
-    logits = adapter.logits(h[keep].to(emb.dtype)).float()  # [M, V]
-    ce = F.cross_entropy(logits, labels[keep], reduction="none")
-    loss = (ce * w[keep]).sum() / w[keep].sum()
-    with torch.no_grad():
-        hit = torch.zeros_like(w, dtype=torch.bool)
-        hit[keep] = logits.argmax(-1) == labels[keep]
-        runs = 1 + hit.view(-1, b)[:, 1:].long().cumprod(1).sum(1).float()  # [rows*n]
-        tau = runs[batch.real.flatten()].mean()
-    return loss, float(tau), int(keep.sum())
+    drafter = bare_drafter(module)
+    emb = block_embeddings(drafter, adapter, block)  # [rows, n*B, H]
+    dtype = _compute_dtype(drafter, emb.device)
+    h = module(emb.to(dtype), feats.to(dtype), span)  # [rows, n*B, H]
+    rows, n = batch.anchors.shape
+    head = logits_fn(drafter, adapter)
+    return loss_fn(h, head, labels.view(rows, n, b), w.view(rows, n, b), batch.real, head_rows)
+
+
+def _compute_dtype(module: Any, device: torch.device) -> torch.dtype:
+    """Inputs in the autocast dtype when autocast is on (no fp32 copies of bf16 features), else the weights'."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return next(module.parameters()).dtype
 
 
 def lr_factor(progress: float, warmup: float) -> float:
@@ -127,16 +177,3 @@ def lr_factor(progress: float, warmup: float) -> float:
     if progress < warmup:
         return progress / warmup
     return 0.5 * (1 + math.cos(math.pi * min(1.0, (progress - warmup) / max(1e-8, 1 - warmup))))
-
-
-def target_features(
-    model: Any, adapter: Any, taps: tuple[int, ...], batch: list[Example], device: Any
-) -> list[torch.Tensor]:
-    """One right-padded target forward with taps; per sequence [T_i, K*H] (padding never precedes a token)."""
-    width = max(len(ex.ids) for ex in batch)
-    ids = torch.tensor([list(ex.ids) + [0] * (width - len(ex.ids)) for ex in batch], device=device)  # [b, T]
-    mask = torch.tensor([[1] * len(ex.ids) + [0] * (width - len(ex.ids)) for ex in batch], device=device)
-    with torch.no_grad(), adapter.tap(taps) as rec:
-        model(input_ids=ids, attention_mask=mask, use_cache=False, logits_to_keep=1)
-        feats = rec.take()  # [b, T, K*H]
-    return [feats[i, : len(ex.ids)] for i, ex in enumerate(batch)]

@@ -21,11 +21,8 @@ Longer than the ~300 lines we aim for: the training step, the loop, checkpoint r
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
-import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,26 +31,21 @@ from typing import Any
 import torch
 from rich.progress import Progress, TextColumn
 
+from dflash_zoo.drafters import build
 from dflash_zoo.engine import outdir
 from dflash_zoo.engine.checkpoint import load_drafter, save_drafter, write_drafter_files
 from dflash_zoo.engine.config import DraftConfig, default_target_layer_ids, normalize_draft_config
 from dflash_zoo.engine.drafter import DFlashDrafter
 from dflash_zoo.errors import ConfigError, InvalidArgumentError
 from dflash_zoo.training import checkpoints
-from dflash_zoo.training.blocks import (
-    block_loss,
-    loss_weights,
-    lr_factor,
-    make_batch,
-    sample_anchors,
-    target_features,
-)
 from dflash_zoo.training.checkpoints import STATE_FILE
 from dflash_zoo.training.data import Example
+from dflash_zoo.training.distributed import dist_info
+from dflash_zoo.training.trainer import MAX_SLOTS, StepStats, Trainer
 
 log = logging.getLogger("dflash_zoo")
-__all__ = ["STATE_FILE", "TrainConfig", "TrainResult", "train"]
-MAX_SLOTS = 16384  # block slots (queries) per drafter call
+__all__ = ["MAX_SLOTS", "STATE_FILE", "TrainConfig", "TrainResult", "dist_info", "train"]
+_Trainer = Trainer  # the name tests/ddp_worker.py imports
 
 
 @dataclass(frozen=True)
@@ -77,7 +69,13 @@ class TrainConfig:
     seed: int = 0
     save_every: int = 0
     time_budget: float | None = None  # seconds; the cosine runs on max(step, time) progress
-    cache_features: bool = False
+    cache_features: bool = False  # keep features in device memory after their first use
+    cache_dir: str | None = None  # the on-disk feature cache (`feature_cache.py`), written once, reused
+    cache_dtype: str = "bf16"  # its storage dtype: bf16, fp16 or fp32
+    cache_shard_bytes: int = 10**9  # features per file of the disk cache
+    max_length: int = 3072  # of the tokenised examples (part of the feature cache's key)
+    data: str | None = None  # the data file (its hash is part of the feature cache's key)
+    attention: str = "auto"  # drafter attention: auto (flex on CUDA), dense (the reference) or flex
     no_target_features: bool = False
     uniform_blocks: bool = False
     uniform_loss_weights: bool = False
@@ -178,7 +176,7 @@ def pick_mask_id(target: Any, tokenizer: Any, cfg: TrainConfig) -> int:
 def new_drafter(draft_cfg: DraftConfig, cfg: TrainConfig, init: str | None, device: Any) -> DFlashDrafter:
     """A fresh (seeded) drafter, or one loaded from `init`; fp32 master weights."""
     torch.manual_seed(cfg.seed)
-    model = load_drafter(init, device, torch.float32) if init else DFlashDrafter(draft_cfg).to(device)
+    model = load_drafter(init, device, torch.float32) if init else build(draft_cfg).to(device)
     if (
         cfg.no_target_features
     ):  # zero fc => zero context K/V: no information from the target reaches the drafter
@@ -235,103 +233,6 @@ def _announce_checkpoints(cfg: TrainConfig, drafter: DFlashDrafter, root: Path) 
     stderr().print(f"checkpoints: {root} (about {human_size(size)}; {fate})", highlight=False, markup=False)
 
 
-def dist_info() -> tuple[int, int, int]:
-    """(rank, world size, local rank); initialises torch.distributed when launched by torchrun."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not torch.distributed.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        torch.distributed.init_process_group(backend)
-    return int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0"))
-
-
-class _Trainer:
-    """State of one training run (built by `train`)."""
-
-    def __init__(
-        self, cfg: TrainConfig, model: Any, drafter: DFlashDrafter, examples: list[Example], device: Any
-    ):
-        from dflash_zoo.adapters import get_adapter
-
-        self.cfg, self.model, self.device = cfg, model, torch.device(device)
-        self.adapter = get_adapter(model.config.model_type)(model)
-        self.raw, self.dcfg = drafter, drafter.cfg
-        self.rank, self.world, _ = dist_info()
-        self.drafter = drafter
-        if self.world > 1:
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.drafter = torch.nn.parallel.DistributedDataParallel(drafter, device_ids=ids)
-        self.params = [p for p in drafter.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.shard = examples[self.rank :: self.world]
-        per_rank = len(examples) // self.world
-        self.steps_per_epoch = max(1, math.ceil(per_rank / cfg.batch_size))
-        self.total = cfg.steps or max(1, math.ceil(cfg.epochs * self.steps_per_epoch))
-        self.weights = loss_weights(self.dcfg.block_size, cfg.loss_decay_gamma, cfg.uniform_loss_weights)
-        self.gen = torch.Generator().manual_seed(cfg.seed + self.rank)
-        self.feat_cache: dict[int, torch.Tensor] = {}
-        bf16 = self.device.type == "cuda" and model.dtype == torch.bfloat16
-        self.autocast = torch.autocast("cuda", torch.bfloat16) if bf16 else contextlib.nullcontext()
-
-    def batch(self, step: int) -> list[int]:
-        """Indices into the shard: a fresh seeded permutation per epoch, so resuming replays the same order."""
-        epoch, offset = divmod(step, self.steps_per_epoch)
-        order = torch.randperm(
-            len(self.shard), generator=torch.Generator().manual_seed(self.cfg.seed * 7919 + epoch)
-        )
-        bs = self.cfg.batch_size
-        return order[offset * bs : (offset + 1) * bs].tolist() or order[:bs].tolist()
-
-    def features(self, idx: list[int]) -> list[torch.Tensor]:
-        """Tapped target features per sequence, [T_i, K*H] each (cached when `cache_features`)."""
-        exs = [self.shard[i] for i in idx]
-        if self.cfg.no_target_features:  # fc is frozen at zero: the features' values cannot matter
-            width = self.dcfg.num_taps * self.dcfg.hidden_size
-            return [torch.zeros(len(ex.ids), width, device=self.device) for ex in exs]
-        todo = [i for i in idx if i not in self.feat_cache]
-        if todo:
-            taps = self.dcfg.target_layer_ids
-            feats = target_features(
-                self.model, self.adapter, taps, [self.shard[i] for i in todo], self.device
-            )
-            if not self.cfg.cache_features:
-                return feats  # nothing cached: todo == idx
-            self.feat_cache.update(zip(todo, feats, strict=True))
-        return [self.feat_cache[i] for i in idx]
-
-    def step(self, step: int, progress: float) -> tuple[float, float, int]:
-        """One optimizer step over `batch_size` sequences: all their blocks in as few drafter calls as fit."""
-        for group in self.opt.param_groups:
-            group["lr"] = self.cfg.lr * lr_factor(progress, self.cfg.warmup_ratio)
-        idx = self.batch(step)
-        exs, feats = [self.shard[i] for i in idx], self.features(idx)
-        b = self.dcfg.block_size
-        anchors = [
-            sample_anchors(
-                len(ex.ids), ex.start, b, self.cfg.anchors_per_seq, self.cfg.uniform_blocks, self.gen
-            )
-            for ex in exs
-        ]
-        # rows per drafter call: keep the block slots of one call under MAX_SLOTS (bounds mask + activations)
-        per_call = max(1, MAX_SLOTS // (b * max(1, max(len(a) for a in anchors))))
-        chunks = [range(i, min(i + per_call, len(idx))) for i in range(0, len(idx), per_call)]
-        self.opt.zero_grad(set_to_none=True)
-        loss_sum, tau_sum = 0.0, 0.0
-        for j, rows in enumerate(chunks):
-            batch = make_batch([list(exs[i].ids) for i in rows], [anchors[i] for i in rows], self.device)
-            f = torch.nn.utils.rnn.pad_sequence([feats[i] for i in rows], batch_first=True)  # [r, T, K*H]
-            sync = self.world == 1 or j == len(chunks) - 1
-            with contextlib.nullcontext() if sync else self.drafter.no_sync(), self.autocast:
-                loss, tau, _ = block_loss(
-                    self.drafter, self.adapter, batch, f, self.dcfg.mask_token_id, self.weights
-                )
-                (loss * len(rows) / len(idx)).backward()  # chunks weighted by their share of sequences
-            loss_sum += float(loss.detach()) * len(rows)
-            tau_sum += tau * len(rows)
-        torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip)
-        self.opt.step()
-        return loss_sum / len(idx), tau_sum / len(idx), sum(len(ex.ids) for ex in exs)
-
-
 def train(
     cfg: TrainConfig,
     model: Any,
@@ -361,7 +262,7 @@ def train(
         init, state = str(found), checkpoints.load_state(found)
         log.info("resuming from %s (step %d)", found, int(state["step"]))
     drafter = new_drafter(None if init else build_draft_config(model, tokenizer, cfg), cfg, init, device)
-    tr = _Trainer(cfg, model, drafter, examples, device)
+    tr = Trainer(cfg, model, drafter, examples, device)
     step = 0
     if state is not None:
         tr.opt.load_state_dict(state["optimizer"])
@@ -369,6 +270,8 @@ def train(
         step = int(state["step"])
     if tr.rank == 0:
         _announce_checkpoints(cfg, drafter, root)
+    if cfg.cache_dir and not cfg.no_target_features and step < tr.total:
+        tr.use_disk_cache(Path(cfg.cache_dir), cfg.cache_shard_bytes)
     run = _run(cfg, tr, step, root)
     if tr.rank == 0:
         unsaved = run.last_saved != run.steps and (state is None or run.steps != int(state["step"]))
@@ -386,6 +289,9 @@ def train(
     )
 
 
+DISPLAY_SECONDS = 2.0  # how often the progress bar reads loss and tau from the device
+
+
 @dataclass(frozen=True)
 class _Run:
     steps: int
@@ -397,13 +303,17 @@ class _Run:
     last_saved: int | None  # step of the last checkpoint written during the loop
 
 
-def _run(cfg: TrainConfig, tr: _Trainer, step: int, root: Path) -> _Run:
-    """The optimizer loop from `step` to the end (or the time budget), with progress and checkpoints."""
+def _run(cfg: TrainConfig, tr: Trainer, step: int, root: Path) -> _Run:
+    """The optimizer loop from `step` to the end (or the time budget), with progress and checkpoints.
+
+    Loss and tau are read from the device (a sync) only at log points and, for the progress bar, every
+    `DISPLAY_SECONDS`: the host queues the next step while the GPU runs this one.
+    """
     from dflash_zoo.output import stderr
 
-    loss = tau = None
+    stats: StepStats | None = None
     history: list[tuple[int, float, float]] = []
-    last_saved = None
+    last_saved, shown = None, 0.0
     t0, tokens, every = time.perf_counter(), 0, max(1, tr.total // 20)
     bar = Progress(
         *Progress.get_default_columns(),
@@ -418,11 +328,16 @@ def _run(cfg: TrainConfig, tr: _Trainer, step: int, root: Path) -> _Run:
             progress = max(step / tr.total, elapsed / cfg.time_budget if cfg.time_budget else 0.0)
             if progress >= 1.0:
                 break
-            loss, tau, n = tr.step(step, progress)
-            step, tokens = step + 1, tokens + n
-            tps = tokens * tr.world / max(1e-9, time.perf_counter() - t0)
-            bar.update(task, completed=step, info=f"loss {loss:.3f} tau~{tau:.2f} {tps:,.0f} tok/s")
-            if step % every == 0 or step == tr.total:
+            stats = tr.step(step, progress)
+            step, tokens = step + 1, tokens + stats.tokens
+            now = time.perf_counter()
+            tps = tokens * tr.world / max(1e-9, now - t0)
+            logged = step % every == 0 or step == tr.total
+            if logged or (not bar.disable and now - shown >= DISPLAY_SECONDS):
+                loss, tau, shown = float(stats.loss), float(stats.tau), now
+                bar.update(task, info=f"loss {loss:.3f} tau~{tau:.2f} {tps:,.0f} tok/s")
+            bar.update(task, completed=step)
+            if logged:
                 history.append((step, loss, tau))
                 if tr.rank == 0 and not stderr().is_terminal:
                     stderr().print(
@@ -434,4 +349,5 @@ def _run(cfg: TrainConfig, tr: _Trainer, step: int, root: Path) -> _Run:
                 last_saved = step
     seconds = time.perf_counter() - t0
     tps = tokens * tr.world / max(1e-9, seconds)
+    loss, tau = (None, None) if stats is None else (float(stats.loss), float(stats.tau))
     return _Run(step, loss, tau, seconds, tps, tuple(history), last_saved)
