@@ -7,9 +7,10 @@ speculative-config keys against `SpeculativeConfig`'s fields, and each named att
 `validate_configuration` for an H100/H200 (compute capability 9.0) with the shapes of the golden configs in
 tests/fixtures/configs. SGLang runs `prepare_server_args` (argparse plus `ServerArgs.from_cli_args`).
 Both engines' model classes for each target architecture are parsed (not imported) for the hook that feeds a
-DFlash drafter the target's hidden states (`CAPTURE`). Supported pairs must be accepted and have the hook;
-`EXPECTED_REFUSALS` must exit 3 and lack it (a refusal the engine has outgrown fails too). Controls prove the
-checks can fail.
+DFlash drafter the target's hidden states (`CAPTURE`), and their model registries for the drafter's own
+architecture (`DFlash2DraftModel` for a DFlash 2 drafter). Supported pairs must be accepted and have both;
+`EXPECTED_REFUSALS` must exit 3 and lack the hook (a refusal the engine has outgrown fails too). Controls prove
+the checks can fail.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from functools import cache
@@ -27,8 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "configs"
-EXPECTED_REFUSALS = {("minimax-m2.5", "sglang")}  # SGLang has no DFlash capture for minimax_m2
-UNKNOWN_BLOCK = {"minimax-m2.5"}  # the registry lacks the drafter's block size: give one
+# SGLang has no DFlash capture for minimax_m2
+EXPECTED_REFUSALS = {("minimax-m2.5", "sglang"), ("minimax-m2.7", "sglang")}
 CAPABILITY = (9, 0)
 # What an engine needs from the target's model class to feed a DFlash drafter the target's hidden states:
 # (package, models folder, base class or method that provides the capture)
@@ -38,9 +40,18 @@ CAPTURE = {
 }
 
 
+@cache
+def registry() -> dict[str, dict]:
+    """slug -> the entry as `dflash-zoo list --json` gives it."""
+    out = subprocess.run(["dflash-zoo", "list", "--json"], capture_output=True, text=True, check=True).stdout
+    return {e["slug"]: e for e in json.loads(out)}
+
+
 def serve_json(slug: str, engine: str) -> tuple[int, dict | None, str]:
     cmd = ["dflash-zoo", "serve", slug, "--engine", engine, "--dry-run", "--json"]
-    cmd += ["--block-size", "16"] if slug in UNKNOWN_BLOCK else []
+    cmd += (
+        ["--block-size", "16"] if registry()[slug]["draft"]["block_size"] is None else []
+    )  # unknown: give one
     env = os.environ | {"HF_HUB_OFFLINE": "1"}  # serve needs no Hub: the registry has every fact
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     return run.returncode, json.loads(run.stdout) if run.returncode == 0 else None, run.stderr.strip()
@@ -112,6 +123,7 @@ def captures_hidden_states(engine: str, architecture: str) -> bool | None:
     Names match ignoring case and underscores (transformers' `Kimi_K25...` is the engines' `KimiK25...`).
     """
     classes, want = model_classes(engine), CAPTURE[engine][2]
+    architecture = registered_class(engine, architecture)
     key = architecture.replace("_", "").lower()
     names = [n for n in classes if n.replace("_", "").lower() == key]
 
@@ -126,6 +138,17 @@ def captures_hidden_states(engine: str, architecture: str) -> bool | None:
     return any(has(n) for n in names) if names else None
 
 
+def registered_class(engine: str, architecture: str) -> str:
+    """The class an engine's model registry maps `architecture` to (vLLM maps Muse-Glimmer's
+    `MuseGlimmerForConditionalGeneration` to `MuseGlimmerForCausalLM`); the name itself where it has none."""
+    if engine != "vllm":
+        return architecture
+    root = Path(importlib.util.find_spec("vllm").submodule_search_locations[0])
+    text = (root / "model_executor" / "models" / "registry.py").read_text(encoding="utf-8")
+    found = re.search(rf'"{re.escape(architecture)}":\s*\(\s*"[^"]+",\s*"(\w+)"', text)
+    return found.group(1) if found else architecture
+
+
 def capture_problems(slug: str, engine: str, refused: bool) -> list[str]:
     """A supported pair needs the capture in the target's model class; a refused one must lack it (else the
     refusal is stale and should go)."""
@@ -137,6 +160,24 @@ def capture_problems(slug: str, engine: str, refused: bool) -> list[str]:
         why = "has a DFlash capture: lift the refusal" if refused else "has no DFlash hidden-state capture"
         return [f"{engine}'s {arch} {why} ({CAPTURE[engine][2]})"]
     return []
+
+
+def drafter_problems(slug: str, engine: str) -> list[str]:
+    """The engine must know the drafter's architecture by its `architectures` name (vLLM: its model registry;
+    SGLang: a model class of that name)."""
+    from dflash_zoo.drafters import ARCHS
+
+    arch = registry()[slug]["draft"]["architecture"]
+    if arch is None:
+        return []
+    names = ARCHS[arch].architectures
+    if engine == "vllm":
+        root = Path(importlib.util.find_spec("vllm").submodule_search_locations[0])
+        text = (root / "model_executor" / "models" / "registry.py").read_text(encoding="utf-8")
+        known = any(f'"{n}"' in text for n in names)
+    else:
+        known = any(n in model_classes("sglang") for n in names)
+    return [] if known else [f"{engine} does not register the {arch} drafter ({', '.join(names)})"]
 
 
 def check_vllm(slug: str, argv: list[str]) -> list[str]:
@@ -194,7 +235,7 @@ def check_pair(slug: str, engine: str) -> list[str]:
     """Problems of one `serve` command: the engine's capture for the target, then its parser or refusal."""
     code, doc, err = serve_json(slug, engine)
     refused = (slug, engine) in EXPECTED_REFUSALS
-    problems = capture_problems(slug, engine, refused)
+    problems = capture_problems(slug, engine, refused) + ([] if refused else drafter_problems(slug, engine))
     if refused or code != 0:
         problems += [] if refused and code == 3 else [f"exit {code}: {err}"]
         shown = f"refused (exit {code}): {err[:120]}"

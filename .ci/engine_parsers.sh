@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 TOKENIZERS_PARALLELISM=false VLLM_TARGET_DEVICE=cpu
-ENGINES=(vllm==0.33.0 sglang==0.5.23)
+ENGINES=(vllm==0.34.0 sglang==0.5.23)   # the newest releases on PyPI (pip index versions vllm / sglang)
 PARSER_DEPS=(
     aiohappyeyeballs==2.7.1 aiohttp==3.14.5 aiosignal==1.4.0 annotated-doc==0.0.7 annotated-types==0.8.0
     anyio==4.16.0 apache-tvm-ffi==0.1.15.post2 attrs==26.1.0 cachetools==8.0.2 cbor2==6.3.0

@@ -16,8 +16,9 @@ from dflash_zoo.zoo.registry import write_lock
 pytest_plugins = ["tests.hub_fixtures"]  # hub_env: a loopback Hub server (never the network)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "configs"
-# every family's golden pair (minimax-m2.5's drafter config is unknown: gated, only its target is here)
+# every golden pair (where the drafter's config is not public, a gated or preview one, only its target is here)
 GOOD = sorted(p.name for p in FIXTURES.iterdir() if (p / "draft.json").is_file())
+ENTRIES = sorted(p.name for p in FIXTURES.iterdir() if (p / "target.json").is_file())
 SHA = "1234567890abcdef1234567890abcdef12345678"
 
 
@@ -212,10 +213,12 @@ def test_drafter_given_as_target():
         check_pair("z-lab/Qwen3-8B-DFlash-b16", offline=True)
 
 
-def test_gated_unknown_drafter_is_an_error():
-    with pytest.raises(OfflineError, match="gated") as err:
-        check_pair("minimax-m2.5", offline=True)
-    assert "--draft-config" in err.value.hint
+def test_gated_unknown_drafter_is_unverified():
+    report = check_pair("minimax-m2.5", offline=True)
+    assert report.verdict == "unverified" and not report.compatible
+    row = next(r for r in report.rows if r.check == "draft config")
+    assert row.status == "FAIL" and "gated" in row.detail and "--draft-config" in row.detail
+    assert report.draft_fingerprint.block_size is None and report.entry == "minimax-m2.5"
 
 
 def test_no_registered_drafter(tmp_path):
@@ -238,9 +241,13 @@ def test_report_is_json_ready():
 def test_golden_fixtures_cover_every_entry():
     from dflash_zoo.zoo.registry import load_registry
 
-    slugs = {e.slug for e in load_registry()}
+    reg = load_registry()
+    slugs = {e.slug for e in reg}
     assert {p.name for p in FIXTURES.iterdir() if (p / "target.json").is_file()} == slugs
-    assert set(GOOD) == slugs - {"minimax-m2.5"}
+    known = {
+        e.slug for e in reg if None not in (e.draft.block_size, e.draft.target_layer_ids, e.draft.num_layers)
+    }
+    assert set(GOOD) == known  # a draft.json for every drafter whose config is public
 
 
 @pytest.mark.parametrize("slug", sorted(set(GOOD)))
@@ -261,19 +268,50 @@ def test_offline_check_of_every_supported_entry(slug):
         assert "fix:" in mask[0].detail
 
 
-def test_cli_offline_check_exit_codes():
+def _cli_check(*args: str) -> tuple[int, str]:
     from click.testing import CliRunner
 
     from dflash_zoo.cli import main
 
-    for slug, want in [("Qwen/Qwen3.5-9B", 0), ("kimi-k2.5", 0), ("minimax-m2.5", 1)]:
-        with CliRunner().isolation():
-            try:
-                main(["check", "--target", slug, "--offline"])
-                code = 0
-            except SystemExit as exc:
-                code = exc.code
-        assert code == want, slug
+    with CliRunner().isolation() as streams:  # (stdout, stderr, ...) as bytes
+        try:
+            main(["check", *args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        return code, streams[0].getvalue().decode() + streams[1].getvalue().decode()
+
+
+@pytest.mark.parametrize("slug", ENTRIES)
+def test_cli_offline_check_of_every_entry(slug):
+    """`check --offline` with nothing cached: exit 0 for a pair the registry can vouch for, exit 3 with the
+    reason for one it cannot (drafter config unknown, family adapter missing)."""
+    from dflash_zoo.adapters import find_adapter
+
+    from dflash_zoo.zoo.registry import load_registry
+
+    e = load_registry().resolve(slug)
+    unknown = None in (e.draft.block_size, e.draft.target_layer_ids, e.draft.num_layers)
+    code, out = _cli_check("--target", slug, "--offline")
+    if unknown:
+        assert code == 3 and "unverified" in out and "does not know its" in out, out
+    elif find_adapter(e.adapter) is None:
+        assert code == 3 and "no adapter for model_type" in out, out
+    else:
+        assert code == 0 and out.rstrip().splitlines()[-1].startswith("compatible"), out
+
+
+def test_cli_offline_check_by_repo_and_json():
+    assert _cli_check("--target", "Qwen/Qwen3.5-9B", "--offline")[0] == 0
+    code, out = _cli_check("--target", "minimax-m2.5", "--offline", "--json")
+    data = json.loads(out[: out.rindex("}") + 1])
+    assert code == 3 and data["verdict"] == "unverified" and data["compatible"] is False
+    row = next(r for r in data["rows"] if r["check"] == "draft config")
+    assert (
+        row["status"] == "FAIL"
+        and "gated" in row["detail"]
+        and "dflash-zoo pull minimax-m2.5" in row["detail"]
+    )
 
 
 def test_vlm_registry_config_is_nested():
@@ -358,3 +396,57 @@ def test_pinned_target_commit_and_registry_id_use_the_cache():
     cache_repo("z-lab/Qwen3-8B-DFlash-b16", json.loads(fx("qwen3-8b", "draft").read_text()), ref=None)
     stale = check_pair("qwen3-8b", offline=True)  # only the commit of the other repo's pin is cached
     assert stale.draft_source == "registry qwen3-8b (draft fingerprint)"
+
+
+# ---- architectures and uploads --------------------------------------------------------------------
+
+
+def test_architecture_row_names_the_variant(tmp_path):
+    q38 = check_pair(
+        "qwen3.8-27b", config=fx("qwen3.8-27b", "target"), draft_config=fx("qwen3.8-27b", "draft")
+    )
+    arch = next(r for r in q38.rows if r.check == "architecture")
+    assert (
+        arch.status == "PASS"
+        and arch.detail.startswith("dflash2: DFlash 2")
+        and "eager engine" in arch.detail
+    )
+    assert q38.draft_fingerprint.architecture == "dflash2" and rows(q38)["upload"] == ["PASS"]
+    jetspec = json.loads(fx("qwen3-8b", "draft").read_text())
+    jetspec["dflash_config"]["causal"] = True  # NeMo's JetSpec export: causal attention inside the block
+    (tmp_path / "draft.json").write_text(json.dumps(jetspec))
+    report = check_pair("qwen3-8b", config=fx("qwen3-8b", "target"), draft_config=tmp_path / "draft.json")
+    assert next(r for r in report.rows if r.check == "architecture").detail.startswith(
+        "dflash (in-block causal)"
+    )
+    assert report.compatible
+
+
+def test_a_dflash_config_for_a_dflash2_entry_is_flagged(tmp_path):
+    """The registry says DFlash 2: a plain DFlash config in its place differs from the fingerprint."""
+    draft = json.loads(fx("qwen3.8-27b", "draft").read_text())
+    draft["architectures"] = ["DFlashDraftModel"]
+    for key in ("conv_group_size", "conv_kernel_size", "selector_rank", "selector_top_k"):
+        del draft["dflash_config"][key]
+    (tmp_path / "draft.json").write_text(json.dumps(draft))
+    report = check_pair(
+        "qwen3.8-27b", config=fx("qwen3.8-27b", "target"), draft_config=tmp_path / "draft.json"
+    )
+    detail = next(r.detail for r in report.rows if r.check == "registry fingerprint")
+    assert "architecture dflash vs dflash2" in detail
+    assert rows(report)["upload"] == ["WARN"]
+
+
+def test_check_says_which_upload_is_cached():
+    """A cached config of the April 122B upload is named as that upload (commit quoted)."""
+    old = json.loads(fx("qwen3.5-122b-a10b", "draft").read_text())
+    old |= {"num_hidden_layers": 4, "sliding_window": 2048,
+            "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}  # fmt: skip
+    old["dflash_config"]["target_layer_ids"] = [1, 10, 19, 28, 37, 46]
+    cache_repo("z-lab/Qwen3.5-122B-A10B-DFlash", old)
+    report = check_pair("qwen3.5-122b-a10b", offline=True)
+    assert report.draft_source.startswith("hf cache z-lab/Qwen3.5-122B-A10B-DFlash")
+    upload = next(r for r in report.rows if r.check == "upload")
+    assert upload.status == "PASS"
+    assert upload.detail == "your cached copy is the 2026-04 original upload (commit 6c7242c)"
+    assert rows(report)["registry fingerprint"] == ["WARN"]  # and it is not the shape the registry pins

@@ -56,13 +56,14 @@ def test_list_human(tmp_path):
     result = run("list")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["ID", "TARGET", "DRAFT", "BLOCK", "STATUS", "SIZE", "INSTALLED"]
+    assert lines[0].split() == ["ID", "TARGET", "DRAFT", "ARCH", "BLOCK", "STATUS", "SIZE", "INSTALLED"]
     assert len(lines) == 1 + len(load_registry().entries)  # one line per entry: nothing wrapped
     row = next(line.split() for line in lines if line.startswith("qwen3-8b "))
     assert row == [
         "qwen3-8b",
         "Qwen/Qwen3-8B",
         "z-lab/Qwen3-8B-DFlash-b16",
+        "dflash",
         "16",
         "supported",
         "2.1",
@@ -70,7 +71,8 @@ def test_list_human(tmp_path):
         "yes",
     ]
     assert next(line for line in lines if line.startswith("qwen3-4b ")).split()[-1] == "-"
-    assert next(line for line in lines if line.startswith("minimax-m2.5")).split()[3] == "?"
+    assert next(line for line in lines if line.startswith("minimax-m2.5")).split()[4] == "?"
+    assert next(line for line in lines if line.startswith("qwen3.8-27b ")).split()[3:5] == ["dflash2", "8"]
 
 
 def test_ls_pattern_and_quiet():
@@ -135,6 +137,35 @@ def _plain(line: str) -> str:
     import re
 
     return re.sub(r"\x1b\[[0-9;]*m", "", line)
+
+
+def test_list_and_info_name_the_cached_variant(tmp_path):
+    """With the drafter's config.json in the HF cache, `list` and `info` show its variant (a JetSpec export:
+    "dflash (in-block causal)"); without it, the registry's architecture."""
+    draft = json.loads((FIXTURES / "qwen3-8b" / "draft.json").read_text())
+    draft["dflash_config"]["causal"] = True
+    snap = tmp_path / "hf" / "hub" / "models--z-lab--Qwen3-8B-DFlash-b16" / "snapshots" / SHA
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(draft))
+    (snap.parents[1] / "refs").mkdir()
+    (snap.parents[1] / "refs" / "main").write_text(SHA)
+    data = {d["slug"]: d for d in json.loads(run("list", "--json").stdout)}
+    assert data["qwen3-8b"]["draft"]["architecture"] == "dflash"  # the registry's word, in JSON
+    row = next(line for line in run("list").stdout.splitlines() if line.startswith("qwen3-8b "))
+    assert "dflash (in-block causal)" in row
+    assert "dflash (in-block causal)" in run("info", "qwen3-8b").stdout
+    assert json.loads(run("info", "qwen3-8b", "--json").stdout)["architecture"] == "dflash (in-block causal)"
+
+
+def test_info_shows_architecture_and_uploads():
+    out = " ".join(run("info", "qwen3.5-122b-a10b").stdout.split())
+    assert "architecture dflash" in out
+    assert "uploads 2026-06-19 retrain (2274357); 2026-04 original (6c7242c)" in out
+    data = json.loads(run("info", "qwen3.8-27b", "--json").stdout)
+    assert data["architecture"] == "dflash2" and data["draft"]["architecture"] == "dflash2"
+    assert (
+        data["revisions"][0]["commit"] == data["draft_revision"] == "50307d4c4cde6860d4eee73e2547cd786fe8e8a4"
+    )
 
 
 def test_list_no_match_and_bad_flags():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from importlib.resources import files
 from pathlib import Path
 
@@ -20,9 +21,12 @@ from dflash_zoo.zoo.registry import load_registry, read_lock, write_lock
 PUBLISHED = (
     "qwen3-4b qwen3-8b llama3.1-8b-instruct qwen3-coder-30b-a3b qwen3-coder-next gpt-oss-20b gpt-oss-120b "
     "qwen3.5-4b qwen3.5-9b qwen3.5-27b qwen3.5-35b-a3b qwen3.5-122b-a10b qwen3.6-27b qwen3.6-35b-a3b "
-    "kimi-k2.5 minimax-m2.5 gemma4-31b-it gemma4-26b-a4b-it"
+    "kimi-k2.5 minimax-m2.5 gemma4-31b-it gemma4-26b-a4b-it qwen3.5-397b-a17b qwen3.8-27b muse-glimmer-30b "
+    "kimi-k2.6 minimax-m2.7 glm-5.1-fp8 glm-5.3"
 ).split()
-EXPLICIT_TAPS = {"qwen3-coder-next"}  # taps that do not follow the default rule (docs/method.md §2)
+# taps that do not follow the default rule (docs/method.md §2)
+EXPLICIT_TAPS = {"qwen3-coder-next", "qwen3.8-27b"}
+FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 
 
 def entry_dict(slug: str = "custom", **over) -> dict:
@@ -32,7 +36,7 @@ def entry_dict(slug: str = "custom", **over) -> dict:
         "adapter": "qwen3",
         "target": {"repo": f"me/{slug}-target", "model_type": "qwen3", "hidden_size": 4096,
                    "num_hidden_layers": 36, "vocab_size": 151936},
-        "draft": {"repo": f"me/{slug}-draft", "revision": "main", "block_size": 16,
+        "draft": {"repo": f"me/{slug}-draft", "revision": "main", "architecture": "dflash", "block_size": 16,
                   "target_layer_ids": [1, 9, 17, 25, 33], "mask_token_id": 151669, "num_layers": 5},
         "license": "apache-2.0",
         "status": "supported",
@@ -220,15 +224,18 @@ def test_unknown_name_suggests_nearest(registry):
 def test_by_fingerprint(registry):
     assert [e.slug for e in registry.by_fingerprint("qwen3", 4096, 36, 151936)] == ["qwen3-8b"]
     assert [e.slug for e in registry.by_fingerprint("llama", 4096, 32, 128256)] == ["llama3.1-8b-instruct"]
-    both = [e.slug for e in registry.by_fingerprint("qwen3_5", 5120, 64, 248320)]
-    assert both == ["qwen3.5-27b", "qwen3.6-27b"]
-    assert len(registry.by_fingerprint("gemma4_unified", 5376, 60, 262144)) == 1  # through the alias table
+    same = [e.slug for e in registry.by_fingerprint("qwen3_5", 5120, 64, 248320)]
+    assert same == ["qwen3.5-27b", "qwen3.6-27b", "qwen3.8-27b"]  # one shape, three generations
+    assert [e.slug for e in registry.by_fingerprint("kimi_k25", 7168, 61, 163840)] == [
+        "kimi-k2.5",
+        "kimi-k2.6",
+    ]
     assert registry.by_fingerprint("qwen3", 4096, 32, 151936) == []
 
 
 def test_match_glob(registry):
     assert [e.slug for e in registry.match("qwen3.5*")][:2] == ["qwen3.5-4b", "qwen3.5-9b"]
-    assert len(registry.match("qwen3.5*")) == 5
+    assert len(registry.match("qwen3.5*")) == 6
     assert [e.slug for e in registry.match("GOOGLE/*")] == ["gemma4-31b-it", "gemma4-26b-a4b-it"]
     assert registry.match("qwen3") == []  # a glob, not a substring
     assert len(registry.match(None)) == len(registry)
@@ -296,18 +303,25 @@ def test_corrupt_lock_is_a_clear_error(tmp_path):
 # ---- pins, licences, gates, sizes -------------------------------------------------------------------
 
 
-def test_revisions_default_to_main_and_say_so(registry):
+def test_revisions_are_main_or_pinned_and_say_so(registry):
+    """A revision is "main" (no commit known, and the entry says so) or a full commit (the entry says pinned)."""
     text = (Path(__file__).parents[1] / "registry.yaml").read_text()
+    pinned = {e.slug for e in registry if e.draft_revision != "main"}
+    assert pinned == {"qwen3.8-27b", "muse-glimmer-30b", "kimi-k2.6", "minimax-m2.7"}
     for e in registry:
-        assert e.target_revision == "main" and e.draft_revision == "main"
-    assert text.count("no commit known") == len(registry)  # each entry says its "main" is not a pin
+        assert e.target_revision == "main"
+        assert e.draft_revision == "main" or re.fullmatch(r"[0-9a-f]{40}", e.draft_revision), e.slug
+    assert text.count("no commit known") + text.count("no full commit known") == len(registry) - len(pinned)
+    assert text.count("# revisions: draft pinned") == len(pinned)
     assert "/work/" not in text and "shared/reference" not in text  # no path outside the repo
 
 
 def test_big_targets_carry_tensor_parallel_hints(registry):
     hinted = {e.slug for e in registry if e.tp_hint > 1}
-    assert hinted == {"kimi-k2.5", "qwen3.5-122b-a10b", "minimax-m2.5", "qwen3-coder-next"}
-    assert all(e.target_params_b for e in registry)
+    assert hinted == {"kimi-k2.5", "qwen3.5-122b-a10b", "minimax-m2.5", "qwen3-coder-next", "qwen3.5-397b-a17b",
+                      "kimi-k2.6", "minimax-m2.7", "glm-5.1-fp8", "glm-5.3"}  # fmt: skip
+    for e in registry:  # a parameter count is known, or the entry says it is not
+        assert e.target_params_b or "parameter count" in e.notes, e.slug
     assert registry.resolve("minimax-m2.5").shape_from == "MiniMaxAI/MiniMax-M2"
     assert registry.resolve("qwen3.6-27b").draft_gated is True and registry.resolve("qwen3.6-27b").gated
     assert registry.resolve("qwen3.5-9b").mask_token_ids_seen == {"older upload (5 layers)": 248070}
@@ -318,7 +332,8 @@ def test_draft_licence_is_the_drafter_cards_and_sourced(registry):
     known one has its public source in docs/families.md."""
     docs = (Path(__file__).parents[1] / "docs" / "families.md").read_text()
     known = {e.slug: e.draft_license for e in registry if e.draft_license is not None}
-    assert known == {"qwen3-coder-next": "mit"}
+    assert known == {"qwen3-coder-next": "mit", "qwen3.8-27b": "apache-2.0", "kimi-k2.6": "mit",
+                     "glm-5.3": "cc-by-nc-nd-4.0"}  # fmt: skip
     for slug in known:
         assert registry.resolve(slug).draft_repo in docs
 
@@ -338,3 +353,112 @@ def test_new_fields_are_validated(tmp_path, field, value, message):
     raw[field] = {**raw[field], **value}
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         load_registry(write_extra(tmp_path, raw))
+
+
+# ---- architectures, uploads, golden configs -----------------------------------------------------------
+
+
+def test_architectures_come_from_the_drafter_registry(registry):
+    from dflash_zoo.drafters import ARCHS
+
+    assert {e.draft.architecture for e in registry} <= set(ARCHS)
+    assert {e.slug for e in registry if e.draft.architecture == "dflash2"} == {
+        "qwen3.8-27b", "muse-glimmer-30b", "glm-5.3"
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "draft_over,message",
+    [
+        ({"architecture": "eagle3"}, r"draft\.architecture.*dflash, dflash2"),
+        ({"revisions": []}, r"draft\.revisions.*non-empty"),
+        ({"revisions": [{"commit": "abc1234", "num_layers": 5}]}, r"needs a 'label'"),
+        ({"revisions": [{"label": "x", "commit": "XYZ", "num_layers": 5}]}, r"7 to 40 lowercase hex"),
+        ({"revisions": [{"label": "x"}]}, r"no shape fact"),
+        ({"revisions": [{"label": "x", "layers": 5}]}, r"unknown field.*layers"),
+        ({"revisions": [{"label": "x", "num_layers": 5}, {"label": "x", "num_layers": 4}]}, r"repeats the label"),
+        ({"revisions": [{"label": "x", "num_layers": 6}]}, r"newest upload.*'x'.*num_layers"),
+        ({"revisions": [{"label": "x", "num_layers": 5}, {"label": "y", "target_layer_ids": [1, 40]}]},
+         r"'y' taps layer 40"),
+        ({"revisions": [{"label": "x", "architecture": "dflash3"}]}, r"architecture must be one of"),
+    ],
+)  # fmt: skip
+def test_architecture_and_revisions_are_validated(tmp_path, draft_over, message):
+    raw = entry_dict("broken")
+    raw["draft"].update(draft_over)
+    with pytest.raises(ConfigError, match=rf"'broken'.*{message}"):
+        load_registry(write_extra(tmp_path, raw))
+
+
+def test_an_unknown_architecture_is_null_and_loads(tmp_path):
+    raw = entry_dict("foreign")
+    raw["draft"]["architecture"] = None
+    assert load_registry(write_extra(tmp_path, raw)).resolve("foreign").draft.architecture is None
+    del raw["draft"]["architecture"]
+    with pytest.raises(ConfigError, match=r"missing field 'draft.architecture' \(null if unknown\)"):
+        load_registry(write_extra(tmp_path, raw))
+
+
+def test_retrained_drafter_lists_both_uploads(registry):
+    e = registry.resolve("qwen3.5-122b-a10b")
+    assert [(r.label, r.commit, r.num_layers, r.sliding_window) for r in e.revisions] == [
+        ("2026-06-19 retrain", "2274357", 6, 4096),
+        ("2026-04 original", "6c7242c", 4, 2048),
+    ]
+    assert e.draft.num_layers == e.revisions[0].num_layers  # the entry's facts are the newest upload's
+
+
+def _normalised(slug: str, side: str = "draft"):
+    from dflash_zoo.engine.config import normalize_draft_config
+
+    return normalize_draft_config(json.loads((FIXTURES / slug / f"{side}.json").read_text()))
+
+
+@pytest.mark.parametrize("slug", PUBLISHED)
+def test_registry_facts_match_the_golden_configs(registry, slug):
+    """Every entry's target fingerprint equals its golden target.json; every known drafter fact equals its
+    golden draft.json, or (a re-uploaded drafter) one of its listed uploads does."""
+    from dflash_zoo.adapters import find_adapter
+    from dflash_zoo.adapters.base import TargetAdapter
+
+    from dflash_zoo.zoo.check_sources import fingerprint
+    from dflash_zoo.zoo.revisions import identify
+
+    e = registry.resolve(slug)
+    target = json.loads((FIXTURES / slug / "target.json").read_text())
+    assert fingerprint(target, find_adapter(target["model_type"]) or TargetAdapter) == e.target
+    if not (FIXTURES / slug / "draft.json").is_file():  # drafter config not public: nothing known to compare
+        assert None in (e.draft.block_size, e.draft.target_layer_ids, e.draft.num_layers), slug
+        return
+    d = _normalised(slug)
+    got = {"block_size": d.block_size, "target_layer_ids": d.target_layer_ids, "architecture": d.arch,
+           "mask_token_id": d.mask_token_id, "num_layers": d.num_hidden_layers}  # fmt: skip
+    known = {k: v for k, v in vars(e.draft).items() if v is not None}
+    if all(got[k] == v for k, v in known.items()):
+        return
+    assert e.revisions and identify(e.revisions, d).matches, (slug, got, known)  # an older, listed upload
+
+
+def test_uploads_are_told_apart():
+    """`identify` names the upload a config is, and what differs when it is none of them."""
+    import dataclasses
+
+    from dflash_zoo.zoo.revisions import identify
+
+    e = load_registry().resolve("qwen3.5-122b-a10b")
+    new = _normalised("qwen3.5-122b-a10b")
+    found = identify(e.revisions, new)
+    assert [r.label for r in found.matches] == ["2026-06-19 retrain"]
+    assert found.message() == "your cached copy is the 2026-06-19 retrain upload (commit 2274357)"
+    old = dataclasses.replace(new, num_hidden_layers=4, sliding_window=2048)
+    assert (
+        identify(e.revisions, old).message()
+        == "your cached copy is the 2026-04 original upload (commit 6c7242c)"
+    )
+    odd = identify(e.revisions, dataclasses.replace(new, num_hidden_layers=5))
+    assert not odd.matches and odd.message().startswith(
+        "matches none of the known uploads: 2026-06-19 retrain:"
+    )
+    assert "num_layers 5 vs 6" in odd.message() and "num_layers 5 vs 4" in odd.message()
+    older = identify(load_registry().resolve("qwen3.5-9b").revisions, _normalised("qwen3.5-9b"))
+    assert older.message() == "your cached copy is the 5-layer upload (commit not public)"

@@ -20,8 +20,8 @@ from tests.cli_runner import run_cli as cli
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRIES = [e.slug for e in load_registry()]
-REFUSED = {("minimax-m2.5", "sglang")}  # SGLang <= 0.5.23: no DFlash capture for minimax_m2
-UNKNOWN_BLOCK = {"minimax-m2.5"}
+REFUSED = {("minimax-m2.5", "sglang"), ("minimax-m2.7", "sglang")}  # SGLang <= 0.5.23: no minimax_m2 capture
+UNKNOWN_BLOCK = {e.slug for e in load_registry() if e.draft.block_size is None}
 SHA_D, SHA_T = "d" * 40, "e" * 40
 
 
@@ -50,9 +50,13 @@ def test_every_entry_and_engine(slug, engine):
     argv = doc["argv"]
     assert human[1].strip().endswith(doc["command"])  # human mode prints the same command
     block = entry.draft.block_size or 16
+    pinned = entry.draft_revision if entry.draft_revision != "main" else None
+    minimum = sv.ARCH_MIN_VERSIONS.get(entry.draft.architecture, {}).get(engine)
+    assert doc["min_engine_version"] == (minimum or sv.recipe_for(entry.adapter, engine, slug).min_version)
     if engine == "vllm":
         config = json.loads(argv[argv.index("--speculative-config") + 1])
         assert config["num_speculative_tokens"] == block - 1 and config["model"] == entry.draft_repo
+        assert config["method"] == "dflash" and config.get("revision") == pinned  # DFlash 2: same method
         assert config["attention_backend"] == "flash_attn"  # drafter backend inside the speculative config
         forced = argv[argv.index("--attention-backend") + 1] if "--attention-backend" in argv else None
         assert forced == ("triton_attn" if entry.adapter == "gemma4" else None)
@@ -61,12 +65,14 @@ def test_every_entry_and_engine(slug, engine):
         assert argv[argv.index("--speculative-num-draft-tokens") + 1] == str(block)
         assert argv[argv.index("--speculative-algorithm") + 1] == "DFLASH"
         assert doc["env"] == {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+        flag = "--speculative-draft-model-revision"
+        assert (argv[argv.index(flag) + 1] if flag in argv else None) == pinned
         assert (
             "--mamba-scheduler-strategy" not in argv and "--speculative-dflash-draft-window-size" not in argv
         )
     assert ("--trust-remote-code" in argv) == (entry.adapter == "kimi_k25")
     assert doc["tensor_parallel"] == entry.tp_hint
-    assert ("--revision" in argv) is False  # nothing pinned: every revision is main
+    assert ("--revision" in argv) is False  # no target is pinned: every target revision is main
 
 
 def test_big_targets_get_tensor_parallel_hints():
@@ -179,3 +185,44 @@ def test_vllm_needs_a_mask_id_in_the_drafter_config(tmp_path):
     cache_draft_config(tmp_path, gemma.draft_repo, config)  # a config with a mask id: served, no hint
     code, _, err = serve(gemma.slug, "vllm")
     assert code == 0 and "mask id" not in err
+
+
+@pytest.mark.parametrize(
+    "dist,version,code",
+    [("vllm", "0.27.1", 3), ("vllm", "0.28.0", 0), ("sglang", "0.5.18", 3), ("sglang", "0.5.19", 0)],
+)
+def test_dflash2_needs_its_engine_release(tmp_path, dist, version, code):
+    """DFlash 2 arrived in vLLM 0.28.0 and SGLang 0.5.19: older engines are refused with the version that works,
+    while a DFlash pair still runs on them."""
+    env = fake_engine(tmp_path, dist, version)
+    run = run_cli(env, "serve", "qwen3.8-27b", "--engine", dist, "--dry-run", "--json")
+    assert run.returncode == code, run.stderr
+    if code == 3:
+        need = sv.ARCH_MIN_VERSIONS["dflash2"][dist]
+        assert f"needs {dist} >= {need}" in run.stderr and "dflash2 drafters" in run.stderr
+    assert run_cli(env, "serve", "qwen3-8b", "--engine", dist, "--dry-run").returncode == 0
+
+
+def test_recipe_minimum_follows_the_architecture():
+    assert sv.recipe_for("qwen3_5", "vllm", architecture="dflash2").min_version == "0.28.0"
+    assert sv.recipe_for("qwen3_5", "vllm", architecture="dflash").min_version == "0.21.0"
+    assert sv.recipe_for("glm_moe_dsa", "sglang", architecture="dflash2").min_version == "0.5.19"
+    assert sv.recipe_for("kimi_k25", "vllm", architecture="dflash2").trust_remote_code  # the rest is kept
+
+
+def test_serve_does_not_need_dflash_zoos_adapter(tmp_path, monkeypatch):
+    """An entry downgraded for a missing dflash-zoo adapter is still served (the engine brings its own model
+    code), with a hint; one its author marked unsupported-here is refused."""
+    import yaml
+
+    from tests.test_registry import entry_dict
+
+    missing = entry_dict("future", adapter="no_such_family")
+    marked = entry_dict("blocked", status="unsupported-here", reason="the engines cannot serve it")
+    path = tmp_path / "extra.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "entries": [missing, marked]}))
+    monkeypatch.setenv("DFLASH_ZOO_REGISTRY", str(path))
+    code, out, err = cli("serve", "future", "--engine", "vllm", "--dry-run")
+    assert code == 0 and out.startswith("vllm serve me/future-target") and "cannot run future here" in err
+    code, _, err = cli("serve", "blocked", "--engine", "vllm", "--dry-run")
+    assert code != 0 and "the engines cannot serve it" in err

@@ -46,9 +46,14 @@ def serve(model_id, engine, target, port, tp, block_size, dry_run, as_json, extr
     """
     from dflash_zoo.zoo import serve as sv
 
-    spec, name = _serve_spec(resolve(model_id), engine, target, port, tp, block_size, extra)
+    ref = resolve(model_id)
+    spec, name = _serve_spec(ref, engine, target, port, tp, block_size, extra)
     installed = sv.installed_version(engine)
-    sv.check_engine_version(spec.recipe, engine, installed)
+    arch = ref.entry.draft.architecture if ref.entry else None
+    why = (
+        f"{arch} drafters need {engine} >= {spec.recipe.min_version}" if arch in sv.ARCH_MIN_VERSIONS else ""
+    )
+    sv.check_engine_version(spec.recipe, engine, installed, why)
     argv = sv.build_command(engine, spec, python=sys.executable)
     extra_env = sv.engine_env(engine)
     if dry_run:
@@ -83,9 +88,13 @@ def _serve_spec(ref: Ref, engine: str, target, port, tp, block_size, extra: tupl
         block = block_size or _config_block_size(ref.repo_id, None)
         recipe = sv.recipe_for("", engine)
         return sv.ServeSpec(target, ref.repo_id, block, None, port, extra, None, recipe, tp or 1), ref.name
-    if entry.status == "unsupported-here":
+    if entry.declared_status == "unsupported-here":
         raise UnsupportedModelError(f"{entry.slug} is marked unsupported here: {entry.reason}")
-    recipe = sv.recipe_for(entry.adapter, engine, entry.slug)
+    if entry.status == "unsupported-here":  # dflash-zoo's own adapter is missing: the engine needs none
+        hint(
+            f"dflash-zoo itself cannot run {entry.slug} here ({entry.reason}); {engine} serves it on its own"
+        )
+    recipe = sv.recipe_for(entry.adapter, engine, entry.slug, entry.draft.architecture)
     sv.refuse_if_unsupported(recipe, engine, entry.slug)
     pins = read_pins(entry)
     draft_rev = pins.draft or entry.draft_revision

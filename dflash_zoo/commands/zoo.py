@@ -104,8 +104,9 @@ def list_cmd(pattern: str | None, as_json: bool, quiet: bool) -> None:
         for e in entries:
             click.echo(e.slug)
     elif entries:
-        rows = [_list_row(e) for e in entries]
-        cols = ("ID", "TARGET", "DRAFT", "BLOCK", "STATUS", "SIZE", "INSTALLED")
+        lock = read_lock()
+        rows = [_list_row(e, lock) for e in entries]
+        cols = ("ID", "TARGET", "DRAFT", "ARCH", "BLOCK", "STATUS", "SIZE", "INSTALLED")
         output.print_table(output.table(cols, rows, ids=("ID", "TARGET", "DRAFT")), cut=("TARGET", "DRAFT"))
 
 
@@ -116,13 +117,16 @@ def _as_glob(pattern: str | None) -> str | None:
     return f"*{pattern}*"
 
 
-def _list_row(e: Entry) -> tuple[str, ...]:
+def _list_row(e: Entry, lock: dict) -> tuple[str, ...]:
+    from dflash_zoo.zoo.check_sources import entry_architecture
+
     block = _unknown(e.draft.block_size).replace("unknown", "?")
     installed = "yes" if is_installed(e.draft_repo) else "-"
     return (
         e.slug,
         e.target_repo,
         e.draft_repo,
+        entry_architecture(e, lock),
         block,
         e.status,
         output.human_size(e.draft_size_bytes),
@@ -150,7 +154,9 @@ def info(name: str, as_json: bool) -> None:
 
     NAME is an id, an alias, or an exact target, draft or variant repo id; `demo` is the embedded demo pair.
     """
+    from dflash_zoo import quantization
     from dflash_zoo.adapters import find_adapter
+    from dflash_zoo.zoo.check import transformers_floor
     from dflash_zoo.zoo.hub import hub_cache_dir, repo_cache_dir
 
     registry = load_registry()
@@ -160,14 +166,17 @@ def info(name: str, as_json: bool) -> None:
     cls = find_adapter(entry.adapter)
     data = _entry_json(entry, read_lock())
     data["adapter_found"] = cls is not None
+    data["architecture"] = _architecture(entry)
     data["cache_strategy"] = cls.cache_strategy if cls else None
     data["requires"] = {
-        "transformers": cls.min_transformers if cls else None,
+        "transformers": transformers_floor() if cls else None,
         "transformers_installed": _transformers_version(),
         "gated": entry.gated,
         "license": entry.license,
         "draft_license": entry.draft_license,
     }
+    quant = quantization.cached_report(entry.target_repo, data["pins"]["target"])  # None: config not cached
+    data["requires"]["quantization"] = quant.to_dict() if quant else None
     data["cache"] = {
         "hub_cache": str(hub_cache_dir()),
         "draft": str(repo_cache_dir(entry.draft_repo)),
@@ -189,6 +198,21 @@ def _gated(e: Entry) -> str:
     )
     seen = f"; seen {e.gated_seen}" if e.gated_seen else "; when last checked is not recorded"
     return f"yes, {which} (needs HF_TOKEN and an accepted license{seen})"
+
+
+def _architecture(e: Entry) -> str:
+    """`info`'s architecture line: the cached config's variant, else the registry's, else why unknown."""
+    from dflash_zoo.zoo.check_sources import entry_architecture
+
+    arch = entry_architecture(e)
+    return arch if arch != "?" else "not one dflash-zoo runs (see notes)"
+
+
+def _uploads(e: Entry) -> str:
+    """The known uploads of the drafter repo, newest first (`check` says which one a cached copy is)."""
+    if not e.revisions:
+        return "-"
+    return "; ".join(f"{r.label}" + (f" ({r.commit})" if r.commit else "") for r in e.revisions)
 
 
 def _info_demo(as_json: bool) -> None:
@@ -223,14 +247,17 @@ def _print_info(e: Entry, data: dict[str, Any]) -> None:
                    ("shape from", e.shape_from or "its own config.json"),
                    ("variants", ", ".join(e.variants) or "-")],
         "Draft": [("repo", e.draft_repo), ("revision", e.draft_revision),
-                  ("pinned commit", draft_pin), ("block size", _unknown(d.block_size)),
+                  ("pinned commit", draft_pin), ("architecture", data["architecture"]),
+                  ("block size", _unknown(d.block_size)),
                   ("layers", _unknown(d.num_layers)), ("taps", taps), ("mask id", _unknown(d.mask_token_id)),
-                  ("size", output.human_size(e.draft_size_bytes))],
+                  ("size", output.human_size(e.draft_size_bytes)), ("uploads", _uploads(e))],
         "Compatibility": [("status", e.status + (f" ({e.reason})" if e.reason else "")), ("adapter", adapter),
                           ("chat template", kwargs), ("thinking", e.thinking), ("notes", e.notes or "-")],
         "Requires": [("transformers", f"{tf}, installed {req['transformers_installed'] or 'none'}"),
                      ("gated", _gated(e)), ("license", f"{e.license} (target)"),
-                     ("draft license", e.draft_license or "unknown: see the drafter's model card")],
+                     ("draft license", e.draft_license or "unknown: see the drafter's model card"),
+                     ("quantization", (req["quantization"] or {}).get("detail") or "unknown: target config "
+                      f"not cached (`dflash-zoo pull {e.slug} --with-target`)")],
         "Cache paths": [("hf cache", cache["hub_cache"]), ("draft", cache["draft"]),
                         ("installed", "yes" if data["installed"] else "no"), ("target", cache["target"]),
                         ("lock file", cache["lock_file"])],

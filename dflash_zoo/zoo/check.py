@@ -7,8 +7,13 @@ adapter exists: hidden size, taps, mask id, vocab), block size, the registry's e
 fingerprint and revision, thinking / chat template) and how the pair relates to the registry (a variant or
 fingerprint match is compatible, with a WARN that acceptance may be lower).
 
-The verdict is "incompatible" when any row is FAIL; WARN rows keep it "compatible". Failing to obtain a
-config raises a `ZooError` (exit 1); the CLI maps "incompatible" to exit 3.
+Rows also name the drafter's architecture ("dflash", "dflash (in-block causal)", "dflash2") and, for an entry
+that lists its known uploads, which upload the config is (`zoo/revisions.py`).
+
+The verdict is "incompatible" when any row is FAIL; WARN rows keep it "compatible". A registered drafter whose
+config is out of reach and whose fingerprint the registry does not know gives the verdict "unverified" with the
+reason in a FAIL row. Failing to obtain a config otherwise raises a `ZooError` (exit 1); the CLI maps
+"incompatible" and "unverified" to exit 3.
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from dflash_zoo import drafters
 from dflash_zoo.adapters import canonical_model_type, supported_model_types
 from dflash_zoo.adapters.base import MASK_UNKNOWN, Problem, TargetAdapter
 from dflash_zoo.engine.config import DraftConfig
-from dflash_zoo.zoo.check_sources import Side, resolve_draft, resolve_target
+from dflash_zoo.zoo.check_sources import Side, UnknownDraftConfig, resolve_draft, resolve_target
 from dflash_zoo.zoo.registry import (
     DraftFingerprint,
     Entry,
@@ -31,6 +37,7 @@ from dflash_zoo.zoo.registry import (
     load_registry,
     read_pins,
 )
+from dflash_zoo.zoo.revisions import identify
 from dflash_zoo.zoo.serve import version_tuple
 
 _FIELD_ROWS = {"hidden_size": "hidden size", "taps": "taps", "num_target_layers": "taps"}
@@ -46,7 +53,7 @@ class CheckRow:
 
 @dataclass(frozen=True)
 class CheckReport:
-    """The outcome of `check_pair`; `verdict` is "compatible" or "incompatible"."""
+    """The outcome of `check_pair`; `verdict` is "compatible", "incompatible" or "unverified"."""
 
     rows: tuple[CheckRow, ...]
     verdict: str
@@ -86,14 +93,33 @@ def check_pair(
     reg = registry or load_registry()
     offline = hub.is_offline() if offline is None else offline
     tcfg, tside, fp, cls = resolve_target(reg, target, config, offline)
-    dside, dcfg, notes = resolve_draft(reg, draft, draft_config, tside, fp, offline)
+    try:
+        dside, dcfg, notes = resolve_draft(reg, draft, draft_config, tside, fp, offline)
+    except UnknownDraftConfig as exc:
+        return _unverified(exc, target, tside, fp, cls)
     extra = [CheckRow("draft config", "WARN", n) for n in notes]
     rows = _adapter_rows(fp.model_type, cls) + _field_rows(cls or TargetAdapter, tcfg, dcfg)
     rows += extra + _entry_rows(dside, dcfg, cls) + _pair_rows(tside, dside, fp)
     verdict = "incompatible" if any(r.status == "FAIL" for r in rows) else "compatible"
-    dfp = DraftFingerprint(dcfg.block_size, dcfg.target_layer_ids, dcfg.mask_token_id, dcfg.num_hidden_layers)
+    dfp = DraftFingerprint(
+        dcfg.block_size, dcfg.target_layer_ids, dcfg.mask_token_id, dcfg.num_hidden_layers, dcfg.arch
+    )
     slug = dside.entry.slug if dside.entry else None
     return CheckReport(tuple(rows), verdict, target, dside.name, slug, tside.source, dside.source, fp, dfp)
+
+
+def _unverified(
+    exc: UnknownDraftConfig, target: str, tside: Side, fp: TargetFingerprint, cls: type[TargetAdapter] | None
+) -> CheckReport:
+    """The report for a registered drafter that cannot be checked: target rows, the reason, and the next step."""
+    e = exc.entry
+    rows = _adapter_rows(fp.model_type, cls) + [CheckRow("draft config", "FAIL", f"{exc} ({exc.hint})")]
+    if e.status != "supported":
+        rows.append(CheckRow("status", "WARN", f"{e.status}: {e.reason}"))
+    side = Side(e.draft_repo, f"registry {e.slug} (draft fingerprint unknown)", e, None)
+    return CheckReport(
+        tuple(rows), "unverified", target, e.draft_repo, e.slug, tside.source, side.source, fp, e.draft
+    )
 
 
 # ---- rows ------------------------------------------------------------------------------------------
@@ -145,8 +171,11 @@ def _field_rows(cls: type[TargetAdapter], tcfg: dict, d: DraftConfig) -> list[Ch
             flagged = [CheckRow(name, "WARN", MASK_UNKNOWN)]
         out += flagged or [CheckRow(name, "PASS", detail)]
     out += [r for r in rows if r.check not in passes]  # family-specific codes
+    spec = drafters.ARCHS[d.arch]
+    engine = "fast engine" if spec.static_fast_path else "eager engine only"
     return out + [
-        CheckRow("block size", "PASS", f"{d.block_size} ({d.block_size - 1} draft tokens per step)")
+        CheckRow("block size", "PASS", f"{d.block_size} ({d.block_size - 1} draft tokens per step)"),
+        CheckRow("architecture", "PASS", f"{d.variant}: {spec.summary} ({engine})"),
     ]
 
 
@@ -181,7 +210,7 @@ def _entry_rows(side: Side, d: DraftConfig, cls: type[TargetAdapter] | None) -> 
 
 def _pin_rows(e: Entry, d: DraftConfig) -> list[CheckRow]:
     want = asdict(e.draft)
-    got = {"block_size": d.block_size, "target_layer_ids": d.target_layer_ids}
+    got = {"block_size": d.block_size, "target_layer_ids": d.target_layer_ids, "architecture": d.arch}
     got.update(mask_token_id=d.mask_token_id, num_layers=d.num_hidden_layers)
     diff = [
         f"{k} {_plain(got[k])} vs {_plain(v)}"
@@ -195,6 +224,9 @@ def _pin_rows(e: Entry, d: DraftConfig) -> list[CheckRow]:
             f"config differs from registry {e.slug}: {'; '.join(diff)} (repo re-uploaded? pin a revision)"
         )
         rows.append(CheckRow("registry fingerprint", "WARN", detail))
+    if e.revisions:
+        found = identify(e.revisions, d)
+        rows.append(CheckRow("upload", "PASS" if found.matches else "WARN", found.message()))
     if locked or re.fullmatch(r"[0-9a-f]{40}", e.draft_revision):
         rows.append(CheckRow("revision", "PASS", f"pinned {locked or e.draft_revision}"))
     else:

@@ -6,7 +6,9 @@ the registry's target fingerprint (target resolved by slug, alias, repo id or va
 (`config.json` only, never when offline).
 Draft, first found: `draft_config=` file; `draft` is a local dir; the draft repo's `config.json` in the HF
 cache (locked commit from lock.json, else the entry's revision); the Hub at that revision (unless offline);
-the registry's draft fingerprint, with a note saying the config itself was not seen.
+the registry's draft fingerprint, with a note saying the config itself was not seen. A registered drafter whose
+config cannot be seen and whose fingerprint the registry does not know (a gated preview, a drafter of an
+architecture dflash-zoo does not run) raises `UnknownDraftConfig`: `check` reports the pair as unverified.
 Without `draft`, the drafter is the target's registry entry (by name, else by config fingerprint).
 Failures raise `ZooError` subclasses with a next step.
 """
@@ -25,6 +27,14 @@ from dflash_zoo.errors import ConfigError, InvalidArgumentError, NotFoundError, 
 from dflash_zoo.zoo.registry import Entry, Registry, TargetFingerprint, read_pins
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class UnknownDraftConfig(OfflineError):
+    """A registered drafter's config is out of reach and the registry lacks its fingerprint."""
+
+    def __init__(self, message: str, hint: str, entry: Entry):
+        super().__init__(message, hint=hint)
+        self.entry = entry
 
 
 @dataclass(frozen=True)
@@ -136,10 +146,13 @@ def _remote_draft(side: Side, repo: str, offline: bool, L: int) -> tuple[Side, D
     synth = _fingerprint_draft(entry) if entry else None
     if synth is None:
         gated = " (gated repo: needs a token)" if entry and entry.gated else ""
-        known = "the registry lacks its fingerprint" if entry else "it is not in the registry"
-        raise OfflineError(
-            f"no config for drafter {repo}{gated}: {why}, and {known}",
-            hint=f"`dflash-zoo pull {entry.slug if entry else repo}` while online, or pass --draft-config FILE",
+        hint = f"`dflash-zoo pull {entry.slug if entry else repo}` while online, or pass --draft-config FILE"
+        if entry is None:
+            raise OfflineError(
+                f"no config for drafter {repo}: {why}, and it is not in the registry", hint=hint
+            )
+        raise UnknownDraftConfig(
+            f"no config for drafter {repo}{gated}: {why}, and {_unknown_facts(entry)}", hint, entry
         )
     gated = "; gated, cannot verify offline" if entry.gated else ""
     notes.append(f"{why}; checked against the registry fingerprint{gated}")
@@ -238,10 +251,20 @@ def _by_fingerprint(reg: Registry, fp: TargetFingerprint) -> tuple[Entry | None,
     return (found[0], "fingerprint") if found else (None, None)
 
 
+def _unknown_facts(entry: Entry) -> str:
+    """Why the registry cannot stand in for the drafter's config: what it does not know."""
+    d = entry.draft
+    if d.architecture is None:
+        return "its architecture is not one dflash-zoo runs (see `dflash-zoo info` notes)"
+    names = {"block_size": "block size", "target_layer_ids": "taps", "num_layers": "depth"}
+    missing = [label for key, label in names.items() if getattr(d, key) is None]
+    return f"the registry does not know its {', '.join(missing)}"
+
+
 def _fingerprint_draft(entry: Entry) -> DraftConfig | None:
     """A DraftConfig from registry facts; only the fingerprint fields are meaningful. None if incomplete."""
     d, t = entry.draft, entry.target
-    if d.block_size is None or d.target_layer_ids is None or d.num_layers is None:
+    if d.block_size is None or d.target_layer_ids is None or d.num_layers is None or d.architecture is None:
         return None
     n = d.num_layers
     return DraftConfig(
@@ -249,5 +272,23 @@ def _fingerprint_draft(entry: Entry) -> DraftConfig | None:
         head_dim=0, intermediate_size=0, vocab_size=t.vocab_size, block_size=d.block_size,
         target_layer_ids=d.target_layer_ids, num_target_layers=t.num_hidden_layers,
         mask_token_id=d.mask_token_id, layer_types=(FULL,) * n, sliding_window=None,
-        causal=(False,) * n, rope=RopeSpec(),
+        causal=(False,) * n, rope=RopeSpec(), arch=d.architecture,
     )  # fmt: skip
+
+
+def entry_architecture(entry: Entry, lock: dict | None = None) -> str:
+    """The drafter's architecture as `list` and `info` show it: the cached config's variant ("dflash",
+    "dflash (in-block causal)", "dflash2") when the pinned or registered revision is in the HF cache, else the
+    registry's architecture; "?" for an architecture dflash-zoo does not run. Never touches the network."""
+    from dflash_zoo.zoo.registry import pins_of
+
+    pins = pins_of(entry, lock) if lock is not None else read_pins(entry)
+    for rev in dict.fromkeys(r for r in (pins.draft, entry.draft_revision) if r):
+        cached = _cached_config(entry.draft_repo, rev)
+        if cached is None:
+            continue
+        try:
+            return _draft(cached, entry.target.num_hidden_layers).variant
+        except ZooError:  # an unreadable or foreign config: fall back to the registry's word
+            break
+    return entry.draft.architecture or "?"

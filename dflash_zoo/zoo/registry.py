@@ -33,8 +33,10 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from dflash_zoo.drafters import arch_names
 from dflash_zoo.errors import ConfigError, NotFoundError
 from dflash_zoo.paths import zoo_home
+from dflash_zoo.zoo.revisions import Revision, parse_revisions
 from dflash_zoo.zoo.schema import STATUSES, parse_document  # noqa: F401  (STATUSES re-exported)
 
 log = logging.getLogger("dflash_zoo")
@@ -58,6 +60,7 @@ class DraftFingerprint:
     target_layer_ids: tuple[int, ...] | None
     mask_token_id: int | None
     num_layers: int | None
+    architecture: str | None = "dflash"  # dflash_zoo.drafters name; None: an architecture not run here
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,12 @@ class Entry:
     tp_hint: int = 1  # tensor-parallel size on 80 GB GPUs when no GPU is visible to measure
     shape_from: str | None = None  # the repo the target fingerprint was copied from, when not its own
     mask_token_ids_seen: dict = field(default_factory=dict)  # revision label -> mask id seen there
+    revisions: tuple[Revision, ...] = ()  # known uploads of the drafter repo, newest first
+    declared_status: str = "supported"  # the YAML's status, before the missing-adapter downgrade
+
+    @property
+    def draft_architecture(self) -> str | None:
+        return self.draft.architecture
 
     @property
     def target_bf16_bytes(self) -> int | None:
@@ -216,7 +225,11 @@ def _to_entry(raw: dict[str, Any]) -> Entry:
         adapter=raw["adapter"],
         target=TargetFingerprint(t["model_type"], t["hidden_size"], t["num_hidden_layers"], t["vocab_size"]),
         draft=DraftFingerprint(
-            d["block_size"], None if taps is None else tuple(taps), d["mask_token_id"], d["num_layers"]
+            d["block_size"],
+            None if taps is None else tuple(taps),
+            d["mask_token_id"],
+            d["num_layers"],
+            d["architecture"],
         ),
         variants=tuple(raw.get("variants") or ()),
         chat_template_kwargs=dict(raw.get("chat_template_kwargs") or {}),
@@ -235,6 +248,10 @@ def _to_entry(raw: dict[str, Any]) -> Entry:
         tp_hint=t.get("tp_hint", 1),
         shape_from=t.get("shape_from"),
         mask_token_ids_seen=dict(d.get("mask_token_ids_seen") or {}),
+        revisions=parse_revisions(d["revisions"], raw["slug"], tuple(arch_names()))
+        if "revisions" in d
+        else (),
+        declared_status=raw["status"],
     )
 
 

@@ -5,6 +5,11 @@
 typed, a bad status, a missing reason, or a fingerprint that contradicts itself (tap >= target layers,
 mask id outside the vocabulary, block size < 2). Draft facts are required keys whose value may be null,
 which means "unknown" (no public source gives the value); they are never guessed.
+
+`draft.architecture` names the drafter architecture (`dflash_zoo.drafters.ARCHS`: "dflash", "dflash2"); null
+means the drafter is of an architecture dflash-zoo does not run (the entry's notes name it). `draft.revisions`
+lists the known uploads of the drafter repo, newest first (`zoo/revisions.py`); the newest must agree with
+the entry's draft facts.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from typing import Any
 
 import yaml
 
+from dflash_zoo.drafters import arch_names
 from dflash_zoo.errors import ConfigError
+from dflash_zoo.zoo.revisions import parse_revisions
 
 STATUSES = ("supported", "preview", "unsupported-here")
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9._:-]*$")
@@ -50,6 +57,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool, bool]]] = {
     "draft": {
         "repo": ("str", True, False),
         "revision": ("str", True, False),
+        "architecture": ("str", True, True),
         "block_size": ("int", True, True),
         "target_layer_ids": ("[int]", True, True),
         "mask_token_id": ("int", True, True),
@@ -58,6 +66,7 @@ _SCHEMA: dict[str, dict[str, tuple[str, bool, bool]]] = {
         "license": ("str", False, True),
         "gated": ("bool", False, True),
         "mask_token_ids_seen": ("{str:int}", False, False),
+        "revisions": ("list", False, False),
     },
 }
 _KIND_OK = {
@@ -71,6 +80,7 @@ _KIND_OK = {
     ),
     "[str]": lambda v: isinstance(v, list) and all(_KIND_OK["str"](x) for x in v),
     "[int]": lambda v: isinstance(v, list) and all(_KIND_OK["int"](x) for x in v),
+    "list": lambda v: isinstance(v, list),
     "target": lambda v: isinstance(v, dict),
     "draft": lambda v: isinstance(v, dict),
 }
@@ -152,3 +162,35 @@ def _check_facts(raw: dict, where: str) -> None:
             raise ConfigError(f"{where}: field {key!r} {mask} outside [0, {t['vocab_size']})")
     if t.get("tp_hint") is not None and t["tp_hint"] < 1:
         raise ConfigError(f"{where}: field 'target.tp_hint' must be >= 1, got {t['tp_hint']}")
+    _check_draft_revision(d, t, where)
+
+
+def _check_draft_revision(d: dict, t: dict, where: str) -> None:
+    """The architecture is a known one; every upload's taps and mask id fit the target; the newest known upload
+    agrees with the entry's draft facts."""
+    archs = tuple(arch_names())
+    if d["architecture"] is not None and d["architecture"] not in archs:
+        raise ConfigError(
+            f"{where}: field 'draft.architecture' must be one of {', '.join(archs)} or null, "
+            f"got {d['architecture']!r}"
+        )
+    if "revisions" not in d:
+        return
+    revisions = parse_revisions(d["revisions"], where, archs)
+    for rev in revisions:
+        if rev.target_layer_ids is not None and max(rev.target_layer_ids) >= t["num_hidden_layers"]:
+            raise ConfigError(f"{where}: upload {rev.label!r} taps layer {max(rev.target_layer_ids)} of a "
+                              f"{t['num_hidden_layers']}-layer target")  # fmt: skip
+        if rev.mask_token_id is not None and rev.mask_token_id >= t["vocab_size"]:
+            raise ConfigError(
+                f"{where}: upload {rev.label!r} mask id {rev.mask_token_id} >= {t['vocab_size']}"
+            )
+    newest = revisions[0]
+    own = {k: d[k] for k in ("architecture", "num_layers", "block_size", "mask_token_id", "target_layer_ids")}
+    plain = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in newest.known().items()}
+    clash = [k for k, v in plain.items() if own.get(k) is not None and own[k] != v]
+    if clash:
+        raise ConfigError(
+            f"{where}: the newest upload in 'draft.revisions' ({newest.label!r}) disagrees with the entry's "
+            f"draft facts on {', '.join(clash)}"
+        )

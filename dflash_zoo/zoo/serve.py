@@ -13,7 +13,9 @@ tensor-parallel hint and a refusal where the engine cannot run the pair at all.
   --speculative-draft-model-path <draft> --speculative-num-draft-tokens B` (DFLASH from 0.5.11).
 
 B is the drafter's block size: vLLM counts the proposed tokens (B-1, the bonus token is not drafted), SGLang
-the whole block. Pinned revisions travel as `"revision"` in vLLM's speculative config and `--revision` for the
+the whole block. DFlash 2 drafters use the same flags: both engines pick DFlash 2 from the drafter's
+`architectures` (vLLM under `"method": "dflash"`), from vLLM 0.28.0 and SGLang 0.5.19 (`ARCH_MIN_VERSIONS`).
+A quantized target (FP8, MXFP4, NVFP4) needs no flag: both engines read its `quantization_config`. Pinned revisions travel as `"revision"` in vLLM's speculative config and `--revision` for the
 target; SGLang uses `--speculative-draft-model-revision` and `--revision`. Extra arguments are appended
 verbatim, last, so they can override anything before them.
 """
@@ -25,7 +27,7 @@ import json
 import math
 import re
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 
 from dflash_zoo.errors import IncompatiblePairError, InvalidArgumentError, ZooError
@@ -55,6 +57,9 @@ class Recipe:
 # --speculative-config in 0.21.0 (checked in the release wheels); SGLang accepts DFLASH from 0.5.11.
 _VLLM = Recipe(min_version="0.21.0", draft_backend="flash_attn")
 _SGLANG = Recipe(min_version="0.5.11")
+# The first release of each engine that runs a drafter architecture (dflash_zoo/drafters), where later than the
+# recipe's: DFlash 2 (vLLM PR #52816, SGLang PR #35371), read from the release wheels' model registries.
+ARCH_MIN_VERSIONS: dict[str, dict[str, str]] = {"dflash2": {"vllm": "0.28.0", "sglang": "0.5.19"}}
 _HYBRID_NOTE = "hybrid GDN: vLLM derives mamba_cache_mode, SGLang its mamba radix strategy (no flag needed)"
 
 # (family = registry `adapter`, or an entry slug) -> engine -> recipe. A slug key wins over its family.
@@ -80,20 +85,32 @@ RECIPES: dict[str, dict[str, Recipe]] = {
         "sglang": Recipe(
             min_version="0.5.11",
             refusal="SGLang (up to 0.5.23, the newest checked) has no DFlash hidden-state capture for minimax_m2",
-            works_with="vllm >= 0.21.0 (dflash-zoo serve minimax-m2.5 --engine vllm)",
+            works_with="vllm >= 0.21.0 (dflash-zoo serve ID --engine vllm)",
         ),
     },
+    # dense VLM wrapper (sliding and NoPE global layers, soft-capped logits): the engines' own backend choice
+    "muse_glimmer": {"vllm": _VLLM, "sglang": _SGLANG},
+    # MLA + DSA sparse attention (GLM-5.x): never force a target backend; FP8 checkpoints carry their quantization
+    "glm_moe_dsa": {"vllm": _VLLM, "sglang": _SGLANG},
 }  # fmt: skip
 
 
-def recipe_for(family: str, engine: str, slug: str | None = None) -> Recipe:
-    """The recipe of an entry (slug first, then family); the engine default for unknown families."""
+def recipe_for(
+    family: str, engine: str, slug: str | None = None, architecture: str | None = "dflash"
+) -> Recipe:
+    """The recipe of an entry (slug first, then family; the engine default for unknown families), its minimum
+    version raised to what the drafter's architecture needs (`ARCH_MIN_VERSIONS`)."""
     if engine not in ENGINES:
         raise InvalidArgumentError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    recipe = _VLLM if engine == "vllm" else _SGLANG
     for key in (slug, family):
         if key and engine in RECIPES.get(key, {}):
-            return RECIPES[key][engine]
-    return _VLLM if engine == "vllm" else _SGLANG
+            recipe = RECIPES[key][engine]
+            break
+    need = ARCH_MIN_VERSIONS.get(architecture or "", {}).get(engine)
+    if need and version_tuple(need) > version_tuple(recipe.min_version):
+        recipe = replace(recipe, min_version=need)
+    return recipe
 
 
 @dataclass(frozen=True)
@@ -189,11 +206,13 @@ def refuse_if_unsupported(recipe: Recipe, engine: str, name: str) -> None:
         )
 
 
-def check_engine_version(recipe: Recipe, engine: str, installed: str | None) -> None:
-    """Raise `IncompatiblePairError` (exit 3) when the installed engine is older than the recipe needs."""
+def check_engine_version(recipe: Recipe, engine: str, installed: str | None, why: str = "") -> None:
+    """Raise `IncompatiblePairError` (exit 3) when the installed engine is older than the recipe needs; `why`
+    names what sets the minimum (e.g. the drafter's architecture)."""
     if installed is not None and version_tuple(installed) < version_tuple(recipe.min_version):
         raise IncompatiblePairError(
-            f"{engine} {installed} is installed; this pair needs {engine} >= {recipe.min_version}",
+            f"{engine} {installed} is installed; this pair needs {engine} >= {recipe.min_version}"
+            + (f" ({why})" if why else ""),
             hint=f"pip install -U '{engine}>={recipe.min_version}' (or --dry-run to only print the command)",
         )
 
