@@ -18,9 +18,7 @@ log = logging.getLogger("dflash_zoo")
 _REGISTRY: dict[str, type[TargetAdapter]] = {}
 
 # Alternative spellings seen in the wild -> the registered model_type (mlx-lm MODEL_REMAPPING style).
-ALIASES: dict[str, str] = {
-    "gemma4_unified": "gemma4",
-}
+ALIASES: dict[str, str] = {}
 
 # One module per family; modules whose transformers classes may be missing register inside try/except.
 FAMILY_MODULES = (
@@ -39,6 +37,10 @@ FAMILY_MODULES = (
     "kimi_k25",
     "minimax_m2",
     "qwen3_vl",
+    "muse_glimmer",
+    "glm_moe_dsa",
+    "laguna",
+    "gemma4_unified",
 )
 
 
@@ -67,7 +69,7 @@ def _load_families() -> None:
 
 
 def canonical_model_type(model_type: str) -> str:
-    """Resolve aliases: `gemma4_unified` -> `gemma4`."""
+    """Resolve aliases (`ALIASES`) to the registered model type."""
     return ALIASES.get(model_type, model_type)
 
 

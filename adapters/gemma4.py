@@ -1,5 +1,5 @@
 """Gemma 4 VLM targets (google/gemma-4-31B-it, google/gemma-4-26B-A4B-it: Gemma4ForConditionalGeneration;
-mirrors transformers `models/gemma4/modeling_gemma4.py`). Alias: `gemma4_unified` (MLX exports).
+mirrors transformers `models/gemma4/modeling_gemma4.py`). Gemma 4 12B is `gemma4_unified` (its own adapter).
 
 Quirks (on top of `gemma4_text`, whose embed scale, soft-cap, sliding and KV-sharing handling it inherits):
 - the decoder lives at `model.language_model`; shapes come from `config.get_text_config()`;

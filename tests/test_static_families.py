@@ -191,7 +191,7 @@ def test_gemma4_31b_and_26b_layouts(variant, kernels):
 # families whose own attention layers stay off the rotary + K/V kernel, and why (`static._rope_kernel`)
 NO_ROPE_KERNEL = {"minimax_m2": "its q/k norms span all heads at once, not one head"}
 # the dense MLPs' activation in the GEMV (`gemv.ACTS`; 0: no dense MLP, or not one of the kernels')
-GATE_ACT = {"gemma4": 3, "gemma4_text": 3, "gpt_oss": 0, "minimax_m2": 0}
+GATE_ACT = {"gemma4": 3, "gemma4_text": 3, "gemma4_unified": 3, "gpt_oss": 0, "minimax_m2": 0}
 # sparse MoE blocks run as their declared parts (router, expert kernels), those with a shared expert with its
 # one-logit gate and the router as further outputs of its gate/up GEMV
 MOE = {"gpt_oss", "minimax_m2", "qwen3_moe", "qwen3_vl_moe", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"}
@@ -233,7 +233,7 @@ def test_gemma4_kv_shared_layers_read_their_source_buffers():
     assert eng.target.per_layer  # per-layer inputs are on in this config
 
 
-@pytest.mark.parametrize("model_type", ["gpt_oss", "gemma4_text"])
+@pytest.mark.parametrize("model_type", ["gpt_oss", "gemma4_text", "gemma4_unified"])
 def test_sliding_rings_wrap_and_stay_exact(model_type):
     """Sliding layers keep a ring of slots (window 4, verify 8 rows: 64 slots) in a 256-row engine; after a
     prompt longer than the ring, 20 verify / commit rounds with random accepts run past position 128 (each ring
