@@ -40,6 +40,9 @@ PUBLISHED = {
     "gpt-oss-20b": (21.0, 0.5),  # openai/gpt-oss-20b model card: 21B total (3.6B active)
     "gemma-4-31b-it": (30.7, 0.1),  # Gemma 4 model card: 31B dense, 30.7B
     "gemma-4-26b-a4b-it": (25.2, 0.1),  # Gemma 4 model card: 26B A4B, 25.2B total (3.8B active)
+    "qwen3.8-27b": (27.0, 0.5),  # Qwen/Qwen3.8-27B: 27B (the recipe's 55.56 GB of bf16 weights, with vision)
+    # 29.6B with its vision tower (registry.yaml's source); the tower here is the config class default, +-0.2
+    "muse-glimmer-30b": (29.6, 0.2),
 }
 # Active parameters (billions) per token of the MoE cards. Cards differ in whether they count the input
 # embedding table, which a decode step does not stream (one row is read), hence +-0.35 (Qwen3-Coder's table
@@ -66,6 +69,8 @@ REGISTRY_SLUG = {
     "gpt-oss-20b": "gpt-oss-20b",
     "gemma-4-31b-it": "gemma4-31b-it",
     "gemma-4-26b-a4b-it": "gemma4-26b-a4b-it",
+    "qwen3.8-27b": "qwen3.8-27b",
+    "muse-glimmer-30b": "muse-glimmer-30b",
 }
 # the shape's drafter is the older upload (5 layers, 5 taps), not the one the registry describes at `main`
 OLDER_DRAFTER = {"qwen3.5-9b"}
@@ -123,7 +128,7 @@ def test_drafter_matches_the_registry_fingerprint_and_published_size(built, name
 
     entry = load_registry().resolve(REGISTRY_SLUG[name])
     s, (target, drafter, wb) = SHAPES[name], built[name]
-    text = target.config
+    text = target.config.get_text_config()  # a VLM wrapper (muse_glimmer) nests it
     assert (text.hidden_size, text.num_hidden_layers, text.vocab_size) == (
         entry.target.hidden_size,
         entry.target.num_hidden_layers,
@@ -131,7 +136,10 @@ def test_drafter_matches_the_registry_fingerprint_and_published_size(built, name
     )
     cfg = drafter.cfg
     assert cfg.hidden_size == s.hidden and cfg.block_size == s.block_size == entry.draft.block_size
-    assert cfg.target_layer_ids == tuple(default_target_layer_ids(s.layers, s.draft_taps))
+    assert cfg.target_layer_ids == (
+        s.draft_tap_ids or tuple(default_target_layer_ids(s.layers, s.draft_taps))
+    )
+    assert cfg.arch == (entry.draft.architecture or "dflash")
     if entry.draft.mask_token_id is not None:
         assert cfg.mask_token_id == entry.draft.mask_token_id
     if name in OLDER_DRAFTER:
@@ -325,3 +333,27 @@ def test_tied_and_untied_heads_are_told_apart_on_meta(built):
     assert tied[2]["target_streamed"] == tied[2]["target_total"]
     emb = untied[0].get_input_embeddings().weight
     assert untied[2]["target_streamed"] == untied[2]["target_total"] - emb.numel() * 2
+
+
+def test_dflash2_shapes_build_their_drafters(built):
+    """The DFlash 2 pairs: the drafter is `DFlash2DraftModel` with the published sizes (block 8 and taps
+    [5, 19, 33, 47, 61] for Qwen3.8-27B), its convolutions and selector in place; Muse-Glimmer's target is the
+    whole wrapper (no causal-LM class for its text model) with the scaled, soft-capped logits."""
+    for name in ("qwen3.8-27b", "muse-glimmer-30b"):
+        drafter = built[name][1]
+        cfg = drafter.cfg
+        assert cfg.arch == "dflash2" and cfg.dflash2.selector_top_k == 16 and cfg.dflash2.selector_rank == 256
+        assert (cfg.dflash2.conv_kernel_size, cfg.dflash2.conv_group_size) == (2, 16)
+        assert set(cfg.layer_types) == {"sliding_attention"} and cfg.sliding_window == 2048
+        convs = [n for n, _ in drafter.named_parameters() if "kernel_projection" in n]
+        assert len(convs) == 2 * cfg.num_hidden_layers  # one before and after attention and MLP each
+    q38 = built["qwen3.8-27b"][1].cfg
+    assert q38.block_size == 8 and q38.target_layer_ids == (5, 19, 33, 47, 61) and q38.mask_token_id == 248070
+    target, drafter, _ = built["muse-glimmer-30b"]
+    text = target.config.get_text_config()
+    assert type(target).__name__ == "MuseGlimmerForConditionalGeneration" and text.hidden_size == 6656
+    assert text.layer_types.count("full_attention") == 13 and text.final_logit_softcapping == 20.0
+    assert (
+        drafter.cfg.output_multiplier == text.output_multiplier
+        and drafter.cfg.final_logit_softcapping == 20.0
+    )

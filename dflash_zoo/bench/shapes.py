@@ -8,8 +8,12 @@ memory); `shape_drafter` builds the drafter. Nothing is downloaded; weights are 
 Rules every shape follows:
 - values are the published `config.json` ones (the comment next to a shape names the repo); a field the config
   does not give is the transformers config class default, and the comment says so;
-- VLM targets (Qwen3.5/3.6, Gemma 4) are benchmarked as their text model (`qwen3_5_text`, `qwen3_5_moe_text`,
-  `gemma4_text`): the vision tower only runs at prefill on images, which a text bench never feeds;
+- VLM targets (Qwen3.5/3.6/3.8, Gemma 4) are benchmarked as their text model (`qwen3_5_text`, `qwen3_5_moe_text`,
+  `gemma4_text`): the vision tower only runs at prefill on images, which a text bench never feeds. A wrapper
+  whose text model has no causal-LM class (`muse_glimmer`, `WRAPPED`) is built whole, its vision tower with the
+  config class defaults (weights a text bench never reads);
+- a DFlash 2 drafter (`Shape.dflash2`: its convolution and selector sizes) is built as `DFlash2DraftModel`;
+  `Shape.draft_tap_ids` gives a drafter's published taps where they do not follow the default rule;
 - everything is built in the bench dtype (bf16), also where a checkpoint ships another format (gpt-oss's MXFP4
   experts): a shape measures the bf16 model;
 - the drafter's `mask_token_id` only selects the embedding row of the masked block slots, so where the id at a
@@ -55,10 +59,14 @@ class Shape:
     block_size: int = 16
     extra: dict = field(default_factory=dict)
     draft: dict = field(default_factory=dict)
+    draft_tap_ids: tuple[int, ...] = ()  # the published taps; empty: the default rule over `draft_taps`
+    dflash2: dict = field(default_factory=dict)  # DFlash 2 `dflash_config` keys; empty: a DFlash drafter
 
 
 # config key that `Shape.ffn` fills, where it is not `intermediate_size`
 FFN_KEYS = {"qwen3_5_moe_text": "shared_expert_intermediate_size"}
+# VLM wrappers whose text model has no causal-LM class: the shape's fields go into `text_config`
+WRAPPED = {"muse_glimmer"}
 # hybrid Gated-DeltaNet families: rotary on a quarter of the head (their config class default, 0.25)
 PARTIAL_ROTARY = {"qwen3_5_text": 0.25, "qwen3_5_moe_text": 0.25}
 
@@ -112,6 +120,36 @@ QWEN35_MOE = {  # Qwen3.5-35B-A3B and Qwen3.6-35B-A3B: 256 experts, top 8, one g
     "num_experts_per_tok": 8,
     "moe_intermediate_size": 512,
 }
+
+# ---- Qwen3.8 (the Qwen3.5 architecture: `qwen3_5`) and its DFlash 2 drafter ----------------------------------
+# z-lab/Qwen3.8-27B-DFlash2 config.json (commit 50307d4c): 5 sliding(2048) layers, 32 q / 8 kv heads of 128, FFN
+# 17408, block 8, taps [5, 19, 33, 47, 61], mask 248070; the DFlash 2 parts below. Its rope is not public: the
+# target's theta (1e7) is used, as for the other Qwen3.x drafters
+QWEN38_DRAFT = zlab_drafter(17408, sliding=5, full=0, window=2048)
+DFLASH2_SELECTOR = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
+
+# ---- Muse-Glimmer (VLM wrapper; sliding(2048) : NoPE full 3:1, the class default pattern) --------------------
+# transformers `MuseGlimmerTextConfig` defaults, which its docstring gives as the released checkpoint's
+# (meta-models/Muse-Glimmer-30B): soft-cap 20, output multiplier 1/sqrt(6656 / 256); untied head
+MUSE_GLIMMER = {
+    "sliding_window": 2048,
+    "final_logit_softcapping": 20.0,
+    "output_multiplier": 0.19611613513818404,
+}
+# z-lab/Muse-Glimmer-30B-DFlash2 config.json (= z-lab/dflash `tests/fixtures/dflash2-config.json`): 5
+# sliding(2048) layers, 32 q / 8 kv heads of 128, FFN 19968, rope theta 5e5, eps 1e-5, block 16, taps
+# [1, 13, 25, 37, 49], mask 201818, the target's output multiplier and soft-cap on its draft logits
+MUSE_GLIMMER_DRAFT = zlab_drafter(
+    19968,
+    sliding=5,
+    full=0,
+    window=2048,
+    rope_theta=500000.0,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=131072,
+    final_logit_softcapping=20.0,
+    output_multiplier=0.19611613513818404,
+)
 
 # ---- gpt-oss (MoE in every layer; sliding(128) and full layers alternate, sliding first: the class default) -
 GPT_OSS_20B = {
@@ -249,6 +287,20 @@ SHAPES: dict[str, Shape] = {
         extra=GEMMA4_26B,
         draft=zlab_drafter(5632, sliding=4, window=2048, final_logit_softcapping=30.0),
     ),
+    # Qwen/Qwen3.8-27B config.json (text_config): the Qwen3.5-27B text shape (64 layers, 24 q / 4 kv heads of
+    # 256, FFN 17408, GDN 16 key / 48 value heads of 128, rope theta 1e7), as baidu-baige/LoongForge#176 and
+    # local-inference-lab/vllm#454 quote it. Drafter: DFlash 2 (QWEN38_DRAFT, DFLASH2_SELECTOR).
+    "qwen3.8-27b": Shape(
+        "qwen3_5_text", 5120, 64, 248320, 24, 4, 256, 17408, 1e7, 248070, draft_layers=5, draft_taps=5,
+        block_size=8, extra=QWEN35_27B, draft=QWEN38_DRAFT, draft_tap_ids=(5, 19, 33, 47, 61),
+        dflash2=DFLASH2_SELECTOR,
+    ),
+    # meta-models/Muse-Glimmer-30B (MUSE_GLIMMER): 52 layers, 32 q / 2 kv heads of 128, FFN 19968, vocab 202048;
+    # rope theta not stated (the class default, 1e4). Drafter: DFlash 2 (MUSE_GLIMMER_DRAFT, DFLASH2_SELECTOR).
+    "muse-glimmer-30b": Shape(
+        "muse_glimmer", 6656, 52, 202048, 32, 2, 128, 19968, 1e4, 201818, draft_layers=5, draft_taps=5,
+        extra=MUSE_GLIMMER, draft=MUSE_GLIMMER_DRAFT, dflash2=DFLASH2_SELECTOR,
+    ),
     "tiny-qwen3": Shape(
         "qwen3", 64, 4, 256, 4, 2, 16, 128, 1e6, 255, draft_layers=2, draft_taps=2, block_size=8
     ),
@@ -280,6 +332,8 @@ def target_config(s: Shape, max_positions: int = 40960) -> Any:
     kw[FFN_KEYS.get(s.model_type, "intermediate_size")] = s.ffn
     kw.update(s.extra)
     kw["max_position_embeddings"] = max(max_positions, s.extra.get("max_position_embeddings", 0))
+    if s.model_type in WRAPPED:  # the text shape under the wrapper, the vision tower the class default
+        return transformers.AutoConfig.for_model(s.model_type, text_config=kw)
     return transformers.AutoConfig.for_model(s.model_type, **kw)
 
 
@@ -302,7 +356,7 @@ def shape_target(s: Shape, device: str, dtype: torch.dtype, max_positions: int =
 
 def drafter_config(s: Shape) -> dict[str, Any]:
     """The drafter's config.json dict: the legacy rule (z-lab sizes for the 8B-class hidden sizes) with the
-    drafter's own published fields (`s.draft`) on top."""
+    drafter's own published fields (`s.draft`) on top; a DFlash 2 drafter names its architecture and sizes."""
     from dflash_zoo.engine.config import default_target_layer_ids
 
     cfg = {
@@ -320,18 +374,21 @@ def drafter_config(s: Shape) -> dict[str, Any]:
         "num_target_layers": s.layers,
         "dflash_config": {
             "block_size": s.block_size,
-            "target_layer_ids": default_target_layer_ids(s.layers, s.draft_taps),
+            "target_layer_ids": list(s.draft_tap_ids) or default_target_layer_ids(s.layers, s.draft_taps),
             "mask_token_id": s.mask_token_id,
+            **s.dflash2,
         },
     }
+    if s.dflash2:
+        cfg["architectures"] = ["DFlash2DraftModel"]
     return {**cfg, **s.draft}
 
 
 def shape_drafter(s: Shape, device: str, dtype: torch.dtype) -> Any:
-    """A random DFlash drafter for shape `s`, built on `device`."""
+    """A random drafter for shape `s` (DFlash or DFlash 2, as its config names), built on `device`."""
+    from dflash_zoo import drafters
     from dflash_zoo.engine.config import normalize_draft_config
-    from dflash_zoo.engine.drafter import DFlashDrafter
 
     draft = normalize_draft_config(drafter_config(s))
     with torch.device(device):
-        return DFlashDrafter(draft).to(dtype).eval()
+        return drafters.build(draft).to(dtype).eval()
