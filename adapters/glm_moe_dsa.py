@@ -35,7 +35,6 @@ DSA_LAYER_TYPES = {"indexed_attention", "deepseek_sparse_attention"}
 
 @register("glm_moe_dsa")
 class GlmMoeDsaAdapter(TargetAdapter):
-
     @classmethod
     def validate(cls, target_config: dict[str, Any], draft: Any) -> list[Problem]:
         problems = super().validate(target_config, draft)
