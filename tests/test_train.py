@@ -177,3 +177,26 @@ def test_bad_data_line_names_the_line(tmp_path):
     f.write_text('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}\n')
     (rec,) = read_jsonl(f)
     assert rec.response == "a" and rec.prompt == [{"role": "user", "content": "q"}]
+
+
+@pytest.mark.parametrize("lengths", [(17, 9), (12, 12)])
+def test_target_features_are_the_tapped_states_and_stop_after_the_last_tap(setup, lengths):
+    """Padded or not, features equal HF `hidden_states[id + 1]`; later layers and the LM head never run."""
+    from dflash_zoo.training.features import target_features
+
+    target = setup[0]
+    seqs = [list(range(3, 3 + n)) for n in lengths]
+    ran: list[str] = []
+    hooks = [target.model.layers[3].register_forward_hook(lambda *_: ran.append("layer 3")),
+             target.lm_head.register_forward_hook(lambda *_: ran.append("lm_head"))]  # fmt: skip
+    try:
+        feats = target_features(target, get_adapter("qwen3")(target), (0, 2), seqs, "cpu")
+    finally:
+        for h in hooks:
+            h.remove()
+    assert ran == [] and feats.shape == (2, max(lengths), 2 * target.config.hidden_size)
+    for i, s in enumerate(seqs):
+        with torch.no_grad():
+            hs = target(torch.tensor([s]), output_hidden_states=True).hidden_states
+        want = torch.cat([hs[1][0], hs[3][0]], dim=-1)  # taps 0 and 2
+        torch.testing.assert_close(feats[i, : len(s)], want, rtol=1e-5, atol=1e-5)

@@ -77,3 +77,16 @@ def test_peak_rates_are_per_card():
     assert peak_for("NVIDIA H100 80GB HBM3") == peak_for("NVIDIA H200") == 989e12  # SXM: dense bf16
     assert peak_for("NVIDIA H100 PCIe") == 756e12 and peak_for("NVIDIA H100 NVL") == 835e12
     assert peak_for("NVIDIA A100-SXM4-80GB") is None  # not listed: no MFU rather than a wrong one
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_train_step_record_on_cuda(capsys, tmp_path):
+    """The CUDA path: compiled flex, CUDA-event parts, peak memory; MFU where the card is listed."""
+    args = [a if a != "cpu" else "cuda" for a in ARGS]
+    code, out, err = run(capsys, *args, "--attention", "flex", "--json", "--out", tmp_path / "r.json")
+    assert code == 0, err
+    rec = json.loads(out)
+    assert rec["options"]["attention"] == "flex" and rec["options"]["dtype"] == "bfloat16"
+    assert rec["attention"]["mode"] == "forward+backward" and rec["step"]["peak_memory_bytes"] > 0
+    assert all(v > 0 for v in rec["step"]["parts_seconds"].values())

@@ -239,3 +239,24 @@ def test_compiled_flex_matches_dense_loss_and_gradients_on_cuda(drafter_kind):
     torch.testing.assert_close(out["flex"][0], out["dense"][0], rtol=1e-4, atol=1e-5)
     for name, g in out["dense"][1].items():
         torch.testing.assert_close(out["flex"][1][name], g, rtol=1e-3, atol=1e-5, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_trainer_steps_with_flex_follow_dense_in_bf16_on_cuda():
+    """The real step (bf16 target, autocast drafter, fused AdamW, compiled flex): the same losses as dense."""
+    from dflash_zoo.training.data import Example
+    from dflash_zoo.training.train import TrainConfig, build_draft_config, new_drafter
+    from dflash_zoo.training.trainer import Trainer
+
+    target = tiny_target("qwen3").to("cuda", torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+    exs = [Example(tuple(torch.randint(0, MASK, (400,), generator=gen).tolist()), 0) for _ in range(4)]
+    losses = {}
+    for kind in ("dense", "flex"):
+        cfg = TrainConfig(out="unused", draft_layers=2, block_size=8, batch_size=2, anchors_per_seq=48, steps=3,
+                          mask_token_id=MASK, attention=kind)  # fmt: skip
+        drafter = new_drafter(build_draft_config(target, None, cfg), cfg, None, "cuda")
+        tr = Trainer(cfg, target, drafter, exs, "cuda")
+        losses[kind] = torch.stack([tr.step(s, s / 3).loss for s in range(3)])
+    torch.testing.assert_close(losses["flex"], losses["dense"], rtol=2e-2, atol=2e-2)

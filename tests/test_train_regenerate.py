@@ -14,14 +14,8 @@ from pathlib import Path
 import pytest
 
 from dflash_zoo.training.data import Record, prompt_ids, regenerate
-from dflash_zoo.training.regenerate import (
-    Endpoint,
-    Generation,
-    RegenerationError,
-    Regenerator,
-    load_partial,
-    read_examples,
-)
+from dflash_zoo.training.regen_state import RegenerationError, load_partial, read_examples
+from dflash_zoo.training.regenerate import Endpoint, Generation, Regenerator
 from tests.openai_server import OpenAIServer, answer
 from tests.tiny import tiny_tokenizer
 
@@ -76,7 +70,8 @@ def test_chat_api_sends_messages_with_template_switches(tmp_path):
         exs = Regenerator(recs, TOK, ep, gen, tmp_path / "k.jsonl").run()
     chat = next(b for p, b in zip(server.log, server.bodies, strict=True) if p[0] == "/v1/chat/completions")
     assert chat["messages"] == recs[0].prompt and chat["chat_template_kwargs"] == {"enable_thinking": False}
-    assert chat["seed"] == 5 and chat["temperature"] == 0.7  # sampling: a per-prompt seed
+    assert chat["seed"] == 5 and chat["temperature"] == 0.7  # sampling: a per-prompt seed, no server defaults
+    assert (chat["top_p"], chat["top_k"], chat["min_p"], chat["repetition_penalty"]) == (1.0, -1, 0.0, 1.0)
     text = next(b for p, b in zip(server.log, server.bodies, strict=True) if p[0] == "/v1/completions")
     assert text["seed"] == 6  # a text line has no messages: completions, with its own seed
     ids = prompt_ids(recs[0], TOK, chat_kwargs={"enable_thinking": False})

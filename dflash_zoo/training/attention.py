@@ -86,7 +86,7 @@ def layout(span: Span, rows: int) -> Layout:
     cp = -(-c // TILE) * TILE
 
     def per_row(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t.expand(rows, n) if t.dim() == 1 else t
+        return None if t is None else t.expand(rows, n).contiguous() if t.dim() == 1 else t
 
     if c == 0:
         raise ValueError("a training call needs at least one context position")
@@ -105,7 +105,7 @@ def visible(lay: Layout, causal: bool, window: int | None) -> Callable:
         if lay.q_limit is not None:
             ctx_ok = ctx_ok & (c < lay.q_limit[b, q])
         j = torch.clamp(kv - lay.ctx_pad, min=0)  # block slot of a block key
-        blk_ok = torch.ones_like(in_ctx)
+        blk_ok = ~in_ctx
         if lay.q_segment is not None:
             blk_ok = blk_ok & (lay.q_segment[b, q] == lay.q_segment[b, j])
         kp = lay.q_pos[b, j]

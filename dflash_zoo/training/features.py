@@ -35,10 +35,13 @@ def stop_after(layer: torch.nn.Module) -> Iterator[None]:
         handle.remove()
 
 
-def padded_ids(seqs: Sequence[Sequence[int]], device: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids [b, T], attention mask [b, T]), right-padded with 0 / mask 0."""
+def padded_ids(seqs: Sequence[Sequence[int]], device: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(ids [b, T], attention mask [b, T]), right-padded with 0 / mask 0. The mask is None when no row is
+    padded: transformers then takes its plain causal path instead of inspecting the mask on the host."""
     width = max(len(s) for s in seqs)
     ids = torch.tensor([list(s) + [0] * (width - len(s)) for s in seqs])  # [b, T]
+    if all(len(s) == width for s in seqs):
+        return to_device(ids, device), None
     mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
     return to_device(ids, device), to_device(mask, device)
 

@@ -6,8 +6,9 @@ Requests (stdlib `urllib`, `concurrency` threads, at most twice that many prompt
   (chat template applied here, `--raw` and text lines as they are);
 - `/v1/chat/completions` (`api="chat"`) for prompt / messages lines without `--raw`: the server applies its
   chat template (with the adapter's `chat_template_kwargs`); the training prompt is still our templated ids.
-Sampling is explicit (`temperature`, `top_p` 1, and a per-prompt `seed` when sampling) so a server's
-generation defaults do not leak in. A response becomes `prompt ids + response ids (+ the stop token when the
+Sampling is explicit (`temperature`, `top_p` 1; when sampling also `top_k` -1, `min_p` 0, `repetition_penalty`
+1 and a per-prompt `seed`, extensions vLLM and SGLang both take) so a server's generation defaults (vLLM
+reads the model's `generation_config.json`) do not leak in. A response becomes `prompt ids + response ids (+ the stop token when the
 server stopped on one)`; a `token_ids` list in the choice (vLLM `return_token_ids`) is used as it is,
 otherwise the text is tokenised.
 
@@ -34,16 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dflash_zoo.errors import ZooError
 from dflash_zoo.training.data import Example, Record, prompt_ids
+from dflash_zoo.training.regen_state import RegenerationError, load_partial, read_examples, write_examples
 
 log = logging.getLogger("dflash_zoo")
 APIS = ("completions", "chat")
 MAX_BACKOFF = 60.0
-
-
-class RegenerationError(ZooError):
-    """The server could not regenerate a prompt (after retries), or answered something unusable."""
 
 
 class _Retryable(Exception):
@@ -131,8 +128,8 @@ def _retry_after(value: str | None) -> float | None:
 def _body(job: _Job, ep: Endpoint, model: str, gen: Generation, chat: bool) -> dict:
     body: dict[str, Any] = {"model": model, "max_tokens": gen.max_new_tokens, "temperature": gen.temperature,
                             "top_p": 1.0, "n": 1}  # fmt: skip
-    if gen.temperature > 0:
-        body["seed"] = gen.seed + job.index  # reproducible per prompt, whatever order they run in
+    if gen.temperature > 0:  # plain temperature sampling, as the built-in path: the server's defaults off
+        body |= {"seed": gen.seed + job.index, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
     if chat:
         rec = job.record
         body["messages"] = (
@@ -304,45 +301,3 @@ def served_model(ep: Endpoint) -> str:
             hint="pass --regenerate-model NAME",
         )
     return models[0]
-
-
-def load_partial(path: Path) -> dict[int, Example]:
-    """Finished prompts of an interrupted run. A last line without its newline was torn by a kill: it is
-    cut off the file. A damaged complete line is an error (nothing we write can leave one)."""
-    if not path.is_file():
-        return {}
-    data = path.read_bytes()
-    *lines, torn = data.split(b"\n")
-    done = {}
-    for n, line in enumerate(lines, start=1):
-        try:
-            row = json.loads(line)
-            done[int(row["index"])] = Example(tuple(row["ids"]), int(row["start"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise RegenerationError(
-                f"regeneration state {path}:{n} is damaged", hint=f"delete {path} to regenerate from scratch"
-            ) from exc
-    if torn:
-        log.warning("regeneration state %s: dropped a line torn by an interrupted write", path)
-        with open(path, "r+b") as f:
-            f.truncate(len(data) - len(torn))
-            os.fsync(f.fileno())
-    return done
-
-
-def read_examples(path: Path) -> list[Example]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line]
-    return [Example(tuple(r["ids"]), r["start"]) for r in rows]
-
-
-def write_examples(path: Path, examples: list[Example]) -> None:
-    """The built-in cache format, through a fsynced temporary sibling renamed into place."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("".join(json.dumps({"ids": list(e.ids), "start": e.start}) + "\n" for e in examples))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    from dflash_zoo.engine.outdir import fsync_path
-
-    fsync_path(path.parent)

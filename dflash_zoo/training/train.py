@@ -13,10 +13,13 @@ value is exactly zero and the drafter sees only its block (it still loads and ru
 `uniform_blocks` tiles the response with consecutive blocks instead of random anchors;
 `uniform_loss_weights` sets w_k = 1.
 
-Multi-GPU: launched under `torchrun`, each rank takes every world-th sequence and the drafter is wrapped in
-DDP; rank 0 writes checkpoints and the output.
+The step itself (features, drafter forward and backward, optimizer) is `trainer.Trainer`; this module builds
+the drafter, runs the loop, and writes checkpoints and the output.
 
-Longer than the ~300 lines we aim for: the training step, the loop, checkpoint resume and distributed setup of one recipe.
+Multi-GPU: launched under `torchrun`, each rank takes every world-th sequence and the drafter is wrapped in
+DDP (`distributed.py`: a target sharded with FSDP too); rank 0 writes checkpoints and the output.
+
+A little over the ~300 lines we aim for: the config, the drafter's construction, the loop and its outputs.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def _no_marks(_name: str) -> None:
 class Trainer:
     """State of one training run: the wrapped drafter, optimizer, data shard and feature source."""
 
-    def __init__(self, cfg: Any, model: Any, drafter: Any, examples: list[Example], device: Any, cache=None):
+    def __init__(self, cfg: Any, model: Any, drafter: Any, examples: list[Example], device: Any):
         from dflash_zoo.adapters import get_adapter
 
         self.cfg, self.model, self.device = cfg, model, torch.device(device)
@@ -87,7 +87,7 @@ class Trainer:
             raise InvalidArgumentError(
                 "features cannot be kept in memory with a sharded target", hint="pass --cache-features DIR"
             )
-        self.cache = cache
+        self.cache: Any = None  # the disk cache, once `use_disk_cache` opened it
         self.memory: dict[int, torch.Tensor] = {}  # `cache_features` in memory
         self.head_rows = chunk_rows(self.adapter.text_config.vocab_size)
         if drafter.arch not in LOSSES:
