@@ -65,6 +65,9 @@ class Layout:
     ctx_pos: torch.Tensor
     ctx_len: int  # C: real (padded-batch) context keys
     ctx_pad: int  # Cp: context keys incl. the tile padding
+    bounds: (
+        torch.Tensor
+    )  # [2] (C, Cp) on the device: the rule reads these, so a new length recompiles nothing
 
     @property
     def rows(self) -> int:
@@ -91,7 +94,8 @@ def layout(span: Span, rows: int) -> Layout:
     if c == 0:
         raise ValueError("a training call needs at least one context position")
     ctx_pos = torch.cat([span.ctx_pos, span.ctx_pos[-1:].expand(cp - c)])  # [Cp]
-    return Layout(per_row(span.q_pos), per_row(span.q_limit), per_row(span.q_segment), ctx_pos, c, cp)
+    bounds = torch.tensor([c, cp], device=ctx_pos.device)
+    return Layout(per_row(span.q_pos), per_row(span.q_limit), per_row(span.q_segment), ctx_pos, c, cp, bounds)
 
 
 def visible(lay: Layout, causal: bool, window: int | None) -> Callable:
@@ -99,12 +103,13 @@ def visible(lay: Layout, causal: bool, window: int | None) -> Callable:
 
     def mask_mod(b, h, q, kv):
         qp = lay.q_pos[b, q]
-        in_ctx = kv < lay.ctx_pad
-        c = torch.clamp(kv, max=lay.ctx_pad - 1)  # context key (clamped: unused for block keys)
-        ctx_ok = c < lay.ctx_len
+        ctx_len, ctx_pad = lay.bounds[0], lay.bounds[1]
+        in_ctx = kv < ctx_pad
+        c = torch.minimum(kv, ctx_pad - 1)  # context key (clamped: unused for block keys)
+        ctx_ok = c < ctx_len
         if lay.q_limit is not None:
             ctx_ok = ctx_ok & (c < lay.q_limit[b, q])
-        j = torch.clamp(kv - lay.ctx_pad, min=0)  # block slot of a block key
+        j = torch.clamp(kv - ctx_pad, min=0)  # block slot of a block key
         blk_ok = ~in_ctx
         if lay.q_segment is not None:
             blk_ok = blk_ok & (lay.q_segment[b, q] == lay.q_segment[b, j])
