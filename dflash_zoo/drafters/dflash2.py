@@ -17,7 +17,8 @@ Quirks:
 - the codebooks are stored as bare tensors (`candidate_selector.predecessor_codebook`, no `.weight`); a
   checkpoint that spells them with `.weight` loads too (engine/checkpoint.py);
 - drafter logits are the target's bare LM head times `output_multiplier`, then the drafter's own soft-cap; the
-  block is embedded as raw table rows times `input_embedding_scale` (drafter.py `draft_logits`, `embed_block`);
+  block is embedded as raw table rows times `input_embedding_scale`, 1 when absent, bypassing any embedding
+  scale or norm of the target (drafter.py `draft_logits`, `embed_block`);
 - under sampling the selector's q ignores top-k / top-p (upstream: temperature only).
 """
 
@@ -162,6 +163,7 @@ class DFlash2Drafter(DFlashDrafter):
     arch: ClassVar[str] = "dflash2"
     static_supported: ClassVar[bool] = False  # the fast engine runs it once its static drafter does
     layer_class: ClassVar[type[nn.Module]] = DFlash2Layer
+    raw_block_embedding: ClassVar[bool] = True  # upstream: raw rows times `input_embedding_scale` (default 1)
 
     def __init__(self, cfg: DraftConfig):
         if cfg.dflash2 is None:

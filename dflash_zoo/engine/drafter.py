@@ -180,6 +180,7 @@ class DFlashDrafter(nn.Module):
     arch: ClassVar[str] = "dflash"
     static_supported: ClassVar[bool] = True  # the fast engine's static drafter runs it
     layer_class: ClassVar[type[nn.Module]] = DecoderLayer
+    raw_block_embedding: ClassVar[bool] = False  # True: embed the block as raw rows (`embed_block`)
 
     def __init__(self, cfg: DraftConfig):
         super().__init__()
@@ -227,11 +228,13 @@ class DFlashDrafter(nn.Module):
 
     # ---- from final states to proposals (z-lab `compute_logits`, `propose`) ----------------------------
     def embed_block(self, ids: torch.Tensor, adapter: Any) -> torch.Tensor:
-        """[1, N] block ids -> [1, N, H]: the target's embedding as its layer 0 sees it, or, when the config
-        sets `input_embedding_scale` (DFlash 2 exports), the raw table rows times that scale, as upstream."""
-        if self.cfg.input_embedding_scale is None:
+        """[1, N] block ids -> [1, N, H]: the target's embedding as its layer 0 sees it; or the raw table rows
+        times `input_embedding_scale` (1 when absent) where the config sets it or the architecture says so
+        (DFlash 2: upstream bypasses a target's embedding scale or norm, e.g. Muse-Glimmer's)."""
+        scale = self.cfg.input_embedding_scale
+        if scale is None and not self.raw_block_embedding:
             return adapter.embed(ids)
-        return adapter.embed_rows(ids) * self.cfg.input_embedding_scale
+        return adapter.embed_rows(ids) * (1.0 if scale is None else scale)
 
     def draft_logits(self, h: torch.Tensor, head: Any) -> torch.Tensor:
         """[..., H] final states -> [..., V]: the target's bare LM head (`head`), times the drafter's
