@@ -38,6 +38,7 @@ FORMAT = "dflash-zoo.feature-cache/1"
 MANIFEST = "manifest.json"
 SHARD_BYTES = 10**9  # features per shard file
 _RANK_DIR = re.compile(r"rank-\d{5}-of-\d{5}")
+_PROBE = re.compile(r"\.dflash-zoo-probe-[0-9a-f]{8}")  # `outdir.check_writable`'s
 _SHARD = re.compile(r"shard-(\d{6})\.safetensors")
 _TEMP = re.compile(r"\.(shard-\d{6}\.safetensors|manifest\.json)\.tmp-[0-9a-f]{8}|\.tmp[A-Za-z0-9]{6}")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -158,16 +159,18 @@ def check_root(root: Path) -> None:
     if root.exists() and (root.is_symlink() or not root.is_dir()):
         raise FeatureCacheError(f"feature cache location {root} exists and is not a directory")
     outdir.check_writable(root, "feature cache directory")
-    foreign = (
-        [p.name for p in root.iterdir() if not (p.is_dir() and _RANK_DIR.fullmatch(p.name))]
-        if root.is_dir()
-        else []
-    )
-    if foreign:
+    names = [p.name for p in root.iterdir() if not _ours(p)] if root.is_dir() else []
+    if names:
+        shown = ", ".join(sorted(names)[:3])
         raise FeatureCacheError(
-            f"feature cache directory {root} holds files dflash-zoo did not write ({', '.join(sorted(foreign)[:3])})",
+            f"feature cache directory {root} holds files dflash-zoo did not write ({shown})",
             hint="pass an empty or new directory to --cache-features",
         )
+
+
+def _ours(p: Path) -> bool:
+    """A rank directory, or another rank's writability probe (there only for an instant)."""
+    return p.is_dir() and (_RANK_DIR.fullmatch(p.name) is not None or _PROBE.fullmatch(p.name) is not None)
 
 
 class FeatureCache:
