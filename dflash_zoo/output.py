@@ -87,10 +87,7 @@ def print_table(t: Table, cut: Sequence[str] = ()) -> None:
     natural = Measurement.get(con, con.options.update_width(100_000), t).maximum
     width = con.width
     if con.is_terminal and natural > width and cut:
-        names = {c.upper() for c in cut}
-        for column in t.columns:  # rich narrows wrappable columns only: the `cut` ones
-            column.no_wrap = str(column.header).upper() not in names
-            column.overflow = "ellipsis"
+        _shorten(t, {c.upper() for c in cut}, width)
         con.print(t)
         return
     con.width = max(width, natural)  # print(width=) can only narrow
@@ -98,6 +95,33 @@ def print_table(t: Table, cut: Sequence[str] = ()) -> None:
         con.print(t)
     finally:
         con.width = width
+
+
+def _shorten(t: Table, cut: set[str], width: int, least: int = 8) -> None:
+    """Fit `t` into `width` on one line per row: the `cut` columns are narrowed (an ellipsis ends what is
+    cut), the widest first; when they alone cannot make room, every column but the first is narrowed too."""
+    from rich.cells import cell_len
+
+    natural = [max([cell_len(str(c.header))] + [cell_len(str(x)) for x in c._cells]) for c in t.columns]
+    names = [str(c.header).upper() for c in t.columns]
+    shrink = [i for i, n in enumerate(names) if n in cut]
+    room = width - 2 * (len(natural) - 1) - sum(w for i, w in enumerate(natural) if i not in shrink)
+    if room < least * len(shrink):  # the cut columns would be left too narrow
+        shrink = list(range(1, len(natural)))
+        room = width - 2 * (len(natural) - 1) - natural[0]
+    cap = _water_level([natural[i] for i in shrink], max(room, len(shrink)))
+    for i, column in enumerate(t.columns):
+        column.no_wrap, column.overflow = True, "ellipsis"
+        if i in shrink:
+            column.max_width = max(1, min(natural[i], cap))
+
+
+def _water_level(widths: list[int], room: int) -> int:
+    """The largest cap c with sum(min(w, c)) <= room (the widest columns give way first)."""
+    cap = max(widths, default=0)
+    while cap > 1 and sum(min(w, cap) for w in widths) > room:
+        cap -= 1
+    return cap
 
 
 class _Lines:

@@ -28,13 +28,13 @@ entries:
     aliases: ["tiny:test"]
     adapter: qwen3
     target: {repo: zoo-test/tiny-target, model_type: qwen3, hidden_size: 64, num_hidden_layers: 4, vocab_size: 1000}
-    draft: {repo: zoo-test/tiny-draft, revision: main, block_size: 16, target_layer_ids: [1], mask_token_id: 999, num_layers: 1}
+    draft: {repo: zoo-test/tiny-draft, revision: main, block_size: 16, target_layer_ids: [1], mask_token_id: 999, num_layers: 1, architecture: dflash}
     license: apache-2.0
     status: supported
   - slug: tiny-unsupported
     adapter: qwen3
     target: {repo: zoo-test/other-target, model_type: qwen3, hidden_size: 64, num_hidden_layers: 4, vocab_size: 1000}
-    draft: {repo: zoo-test/other-draft, revision: main, block_size: 16, target_layer_ids: [1], mask_token_id: 999, num_layers: 1}
+    draft: {repo: zoo-test/other-draft, revision: main, block_size: 16, target_layer_ids: [1], mask_token_id: 999, num_layers: 1, architecture: dflash}
     license: apache-2.0
     status: unsupported-here
     reason: "test entry that never runs here"

@@ -17,7 +17,9 @@ Serves plain folders laid out `<root>/<org>/<name>/<files>` (docs/compat.md §7)
   `corrupt` serves a file with 4 KiB flipped at an offset while listing and headers keep the true size and
   hashes (a bad mirror or disk); `stall_after` sends N bytes of a file, then holds the connection until
   `release` is set (so a test can kill the client mid-transfer); `advertise_size` lists a file with a
-  different size (a file too big for the disk, without writing one).
+  different size (a file too big for the disk, without writing one); `listing_sizes = False` is a mirror
+  whose revision listing gives no sizes: a plain file keeps its `blobId`, an LFS file is listed by name only
+  (its hash and size come from a HEAD request, a plain file's size from the download's Content-Length).
 
 Every request is logged (method, path, Range header) so tests can assert what the client did.
 It binds 127.0.0.1 only; sockets carry a timeout so a stuck client cannot hang a test.
@@ -97,6 +99,7 @@ class HubServer:
         self.stall_after: dict[str, int] = {}  # "org/name/path" -> bytes sent before holding the connection
         self.release = threading.Event()  # set to let stalled transfers end (they drop the connection)
         self.advertise_size: dict[str, int] = {}  # "org/name/path" -> size the listings claim
+        self.listing_sizes = True  # False: the revision listing gives no sizes (a mirror)
         self.lfs_suffixes: tuple[str, ...] = (".safetensors", ".bin", ".gguf", ".pt")
         self._log: list[Request] = []
         self._lock = threading.Lock()
@@ -232,7 +235,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         files = self.hub.files(repo_id)
         if kind == "revision":
-            siblings = [{"rfilename": p, **self._meta(repo_id, p, d, "blobId")} for p, d in files.items()]
+            siblings = [{"rfilename": p, **self._listed(repo_id, p, d)} for p, d in files.items()]
             doc: object = {
                 "id": repo_id,
                 "modelId": repo_id,
@@ -247,6 +250,14 @@ class _Handler(BaseHTTPRequestHandler):
                 if p.startswith(prefix)
             ]
         self._send(200, json.dumps(doc).encode(), {"Content-Type": "application/json"}, body)
+
+    def _listed(self, repo_id: str, path: str, data: bytes) -> dict[str, object]:
+        """A revision listing's sibling fields; without sizes (a mirror), an LFS file has no `lfs` block (the
+        client needs its size) and its `blobId` would be the pointer's, so only its name is listed."""
+        meta = self._meta(repo_id, path, data, "blobId")
+        if self.hub.listing_sizes:
+            return meta
+        return {} if self.hub.is_lfs(path) else {"blobId": meta["blobId"]}
 
     def _meta(self, repo_id: str, path: str, data: bytes, oid_key: str) -> dict[str, object]:
         """Size and hashes of a file as the Hub lists them (`lfs` only for LFS files)."""

@@ -110,6 +110,35 @@ def test_verify_reports_corrupt_weights_and_force_refetches(zoo_registry, hub_en
     assert offline.code == 1 and "corrupt: model.safetensors" in offline.stderr and hub_env.requests == []
 
 
+def test_a_mirror_listing_no_sizes_pulls_with_sizes_from_the_download(zoo_registry, hub_env):
+    """A Hub-compatible mirror whose revision listing gives no sizes: every file once failed "expected 0
+    bytes"; the size now comes from the download (HEAD / Content-Length) and the hash is still checked."""
+    hub_env.listing_sizes = False
+    plan = json.loads(cli("pull", "tiny-test", "--dry-run", "--json").stdout)["repos"][0]
+    assert {f["path"]: f["size"] for f in plan["files"]} == dict.fromkeys(DRAFT_FILES)  # not 0: unknown
+    dry = cli("pull", "tiny-test", "--dry-run")
+    assert dry.code == 0 and "3 files of unknown size" in dry.stderr, dry.stderr
+    run = cli("pull", "tiny-test", "--json")
+    assert run.code == 0, run.stderr
+    repo = json.loads(run.stdout)["repos"][0]
+    assert sorted(repo["fetched"]) == sorted(DRAFT_FILES) and repo["downloaded_bytes"] == DRAFT_BYTES
+    snap = Path(repo["path"])
+    assert {p: (snap / p).read_bytes() for p in DRAFT_FILES} == DRAFT_FILES
+    assert (snap / "model.safetensors").resolve() == (blobs() / file_etag(WEIGHTS)).resolve()
+    again = json.loads(cli("pull", "tiny-test", "--json").stdout)["repos"][0]  # sizes from the cached files
+    assert again["up_to_date"] and {f["size"] for f in again["files"]} == {len(d) for d in DRAFT_FILES.values()}
+
+
+def test_a_mirror_listing_no_sizes_still_refuses_corrupt_bytes(zoo_registry, hub_env):
+    hub_env.listing_sizes = False
+    hub_env.corrupt[WEIGHTS_KEY] = 4096
+    run = cli("pull", "tiny-test")
+    assert run.code == 1 and "model.safetensors of zoo-test/tiny-draft@" in run.stderr, run.stderr
+    assert "failed verification" in run.stderr and "sha256" in run.stderr
+    assert snapshot_files(DRAFT_REPO, hub_env.commit(DRAFT_REPO)) == []
+    assert not (blobs() / file_etag(WEIGHTS)).exists()
+
+
 # ---- interrupted pulls ----------------------------------------------------------------------------
 
 

@@ -18,7 +18,14 @@ from pathlib import Path
 import click
 
 from dflash_zoo.commands import bench_train
-from dflash_zoo.commands.run import Temperature, devices_option, top_k_option, top_p_option
+from dflash_zoo.commands.run import (
+    Finite,
+    Temperature,
+    devices_option,
+    dtype_option,
+    top_k_option,
+    top_p_option,
+)
 from dflash_zoo.errors import ZooError
 from dflash_zoo.output import emit_json, human_size, info, print_table, table
 
@@ -74,7 +81,7 @@ FIXED_PROMPT_TOKENS, FIXED_NEW_TOKENS = 512, 512  # one fixed prompt (or a rando
 )
 @click.option("--new-tokens", "new_tokens_alias", type=click.IntRange(min=2), default=None, hidden=True)
 @click.option("--block-size", type=click.IntRange(min=2), default=None, help="Default: the drafter's.")
-@click.option("--dtype", default="auto", show_default=True, help="auto, bf16, fp16 or fp32.")
+@dtype_option()
 @click.option("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available).")
 @devices_option
 @click.option(
@@ -116,7 +123,7 @@ FIXED_PROMPT_TOKENS, FIXED_NEW_TOKENS = 512, 512  # one fixed prompt (or a rando
 @click.option("--seed", type=int, default=0, show_default=True, help="Random prompt and sampling seed.")
 @click.option(
     "--what-if-acceptance",
-    type=click.FloatRange(min=1),
+    type=Finite(min=1),
     default=None,
     help="Force this mean acceptance length (a projection: drafts are not checked).",
 )
@@ -153,7 +160,8 @@ def bench(
     from dflash_zoo.api import parse_dtype, resolve_devices
     from dflash_zoo.bench import meta as benchmeta
     from dflash_zoo.bench import runner as B
-    from dflash_zoo.commands.run import check_device, check_model_paths
+    from dflash_zoo.commands.run import check_device, check_model_paths, precheck_models
+    from dflash_zoo.output import quiet_loading
 
     if shape and (entry or target or draft):
         raise click.UsageError("--shape builds a random target; do not combine it with a model")
@@ -169,6 +177,9 @@ def bench(
         raise click.UsageError("--shape has no tokenizer: drop --prompts, --raw and --limit")
     check_device(device)  # `--device nonsense` / a GPU this machine lacks: before anything is built
     check_model_paths(entry, target, draft)
+    if not shape:  # a mistyped registry id or a broken local target: before anything loads
+        precheck_models(entry or target, draft)
+        _check_prompt_tokens(prompt_tokens, _local_positions(entry or target))
     record_path = out or benchmeta.default_out(shape or entry or target or "demo")
     _check_record_location(record_path, explicit=out is not None)
     # inputs before any model: a missing or malformed prompt file fails here
@@ -180,6 +191,7 @@ def bench(
     device, split = resolve_devices(devices, device)
     torch_dtype = parse_dtype(dtype, device)
     where = devices or device
+    quiet_loading()  # transformers' own loading bar: the line below says what is built
     info(f"building {'shape ' + shape if shape else entry or target or 'the demo pair'} on {where} ...")
     opts = B.BenchOptions(paths=tuple(paths) or ("fast",), compile=compile_steps, **kw)
     if shape:
@@ -187,11 +199,13 @@ def bench(
     else:
         sub = B.pair_subject(entry or target, draft, device, torch_dtype, opts, devices, prompt_set, raw)
     if not shape:  # a too-long prompt is refused; running past the positions is a warning
-        _check_positions(sub, prompt_set, opts.new_tokens)
+        _check_positions(sub, prompt_set, opts.new_tokens, prompt_tokens)
     if not paths:  # the engine `generate` would pick, as `engine/select.py` decides
         from dflash_zoo.engine.select import EngineOptions, choose_engine
 
-        choice = choose_engine(sub.adapter, device, EngineOptions(), split=sub.placement is not None)
+        choice = choose_engine(
+            sub.adapter, device, EngineOptions(), drafter=sub.drafter, split=sub.placement is not None
+        )
         info(f"engine: {choice.name} ({choice.reason})")
         opts = B.BenchOptions(**{**vars(opts), "paths": (choice.name,)})
     record = B.run_bench(sub, opts, ["dflash-zoo", *sys.argv[1:]])
@@ -204,13 +218,46 @@ def bench(
     info(f"record written to {record_path}")
 
 
-def _check_positions(sub, prompt_set, new_tokens: int) -> None:
+def _check_positions(sub, prompt_set, new_tokens: int, prompt_tokens: int | None = None) -> None:
     from dflash_zoo.bench.prompts import check_positions
     from dflash_zoo.engine.results import target_positions
 
     positions = target_positions(sub.adapter.config)
+    _check_prompt_tokens(prompt_tokens, positions)
+    longest = max(map(len, sub.prompts), default=len(sub.prompt))
+    if prompt_set is not None and prompt_tokens and longest < prompt_tokens:  # a cap, not a length: say so
+        info(
+            f"the longest prompt of {prompt_set.name} is {longest:,} tokens (a prompt is at most half its text): "
+            f"--prompt-tokens {prompt_tokens:,} caps the prompts, it does not lengthen them"
+        )
     if warning := check_positions(sub.prompt, sub.prompts, prompt_set, new_tokens, positions):
         info(warning)
+
+
+def _check_prompt_tokens(prompt_tokens: int | None, positions: int | None) -> None:
+    """Refuse a --prompt-tokens the target cannot hold (positions: its max_position_embeddings, if known)."""
+    if prompt_tokens is None or positions is None or prompt_tokens < positions:
+        return
+    from dflash_zoo.errors import InvalidArgumentError
+
+    raise InvalidArgumentError(
+        f"--prompt-tokens {prompt_tokens:,} does not fit the target's {positions:,} positions",
+        hint=f"use --prompt-tokens {positions // 2:,} or less (the new tokens need positions too)",
+    )
+
+
+def _local_positions(name: str | None) -> int | None:
+    """max_position_embeddings of a local target (the demo pair's without a name), before anything loads."""
+    from dflash_zoo import demo
+    from dflash_zoo.engine.target_files import read_config
+
+    folder = Path(name).expanduser() if name else demo.target_dir()
+    if not (folder / "config.json").is_file():
+        return None
+    raw = read_config(folder / "config.json", "target config")
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    value = text.get("max_position_embeddings", raw.get("max_position_embeddings"))
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _prompt_set(path: Path | None, limit: int | None, demo: bool):

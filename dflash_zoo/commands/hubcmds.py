@@ -239,8 +239,10 @@ def _describe(job: Job, plan: hub.PullPlan) -> None:
     head = f"{plan.repo_id} ({job.role}) @ {plan.revision} ({plan.commit[:12]}): {len(plan.files)} files, "
     if plan.up_to_date:
         info(head + f"{human_size(plan.total_bytes)}, already up to date")
-    else:
-        info(head + f"{human_size(plan.total_bytes)} total, {human_size(plan.missing_bytes)} to download")
+        return
+    unknown = plan.unknown_sizes  # a mirror's listing without sizes: the download tells them
+    more = f" and {unknown} files of unknown size" if unknown else ""
+    info(head + f"{human_size(plan.total_bytes)} total, {human_size(plan.missing_bytes)}{more} to download")
 
 
 def _plan_dict(plan: hub.PullPlan) -> dict[str, Any]:
@@ -423,8 +425,8 @@ def env_report() -> dict[str, Any]:
                               "platform": platform.platform()}  # fmt: skip
     report.update(_torch_report())
     report |= {"transformers": ver("transformers"), "huggingface_hub": ver("huggingface_hub")}
-    report["triton"] = ver("triton")  # the CUDA fast path's kernels (dflash_zoo/cuda/kernels.py)
-    # the gated delta rule's kernels on CUDA (cuda/gdn.py; the `cuda` extra)
+    report["triton"] = ver("triton")  # the CUDA fast path's kernels (dflash_zoo/cuda/ops/)
+    # the gated delta rule's kernels on CUDA (cuda/static/gdn.py; the `cuda` extra)
     report["flash_linear_attention"] = ver("flash-linear-attention")
     report |= {"hf_home": str(hub.hf_home()), "hf_hub_cache": str(hub.hub_cache_dir()),
                "hf_endpoint": hub.hub_endpoint(), "dflash_zoo_home": _zoo_home(), "offline": hub.is_offline()}  # fmt: skip

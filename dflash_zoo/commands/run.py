@@ -19,6 +19,15 @@ Environment: HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE=1, HF_TOKEN, DFLASH_ZOO_DEBUG
 """
 
 
+DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
+
+
+def dtype_option(help_text: str = "auto, bf16, fp16 or fp32."):
+    """`--dtype`, one of `DTYPES` (a typo is a usage error at once, not after torch loads)."""
+    kind = click.Choice(DTYPES, case_sensitive=False)
+    return click.option("--dtype", type=kind, default="auto", show_default=True, help=help_text)
+
+
 devices_option = click.option(
     "--devices",
     "--device-map",
@@ -39,7 +48,7 @@ def model_options(f):
         click.option("--draft", "-d", help="Drafter: local dir or Hub id (default: the registry's drafter)."),
         click.option("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
         devices_option,
-        click.option("--dtype", default="auto", show_default=True, help="auto, bf16, fp16 or fp32."),
+        dtype_option(),
         click.option("--revision", default=None, help="Target revision."),
         click.option(
             "--draft-revision", default=None, help="Drafter revision (default: the registry's pin)."
@@ -121,6 +130,7 @@ def load_pipeline(target, draft, device, dtype, revision, draft_revision, device
     from dflash_zoo.output import quiet_loading, status
 
     check_device(device)  # imports torch only for a --device given
+    check_devices(device, devices)
     precheck_models(target, draft)  # torch-free: a typo or a broken local target fails before torch loads
     from dflash_zoo.api import load
 
@@ -172,6 +182,24 @@ def check_device(device: str | None) -> None:
             f"device {device!r} does not exist: torch sees {torch.cuda.device_count()} CUDA GPU(s)",
             hint="cuda:0 is the first GPU; `dflash-zoo env` lists them",
         )
+
+
+def check_devices(device: str | None, devices: str | None) -> None:
+    """--devices (a target split across GPUs): alone, and a list torch can parse, before anything loads."""
+    from dflash_zoo.errors import InvalidArgumentError, ZooError
+
+    if not devices:
+        return
+    if device:
+        raise click.UsageError(
+            "--devices splits the target over several devices; do not combine it with --device"
+        )
+    from dflash_zoo.cuda.placement.plan import parse_devices
+
+    try:
+        parse_devices(devices)
+    except ZooError as exc:  # a usage error: the list itself is wrong
+        raise InvalidArgumentError(str(exc), hint=exc.hint) from exc
 
 
 def check_model_paths(*names: str | None) -> None:

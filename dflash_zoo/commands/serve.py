@@ -11,6 +11,7 @@ import sys
 import click
 
 from dflash_zoo.commands.hubcmds import HUB_ENV, Ref, resolve
+from dflash_zoo.commands.serve_checks import check_overrides
 from dflash_zoo.errors import IncompatiblePairError, UnsupportedModelError, ZooError
 from dflash_zoo.output import emit_json, hint, info
 from dflash_zoo.zoo import hub
@@ -85,6 +86,7 @@ def _serve_spec(ref: Ref, engine: str, target, port, tp, block_size, extra: tupl
         if target is None:
             raise click.UsageError(f"{ref.name} is not a registry entry: pass --target with the target model")
         hint(f"{ref.name} is not in the registry: the pair is not validated; run `dflash-zoo check` first")
+        check_overrides(tp, block_size, target, None, ref.name, lambda: _config_block_size(ref.repo_id, None))
         block = block_size or _config_block_size(ref.repo_id, None)
         recipe = sv.recipe_for("", engine)
         return sv.ServeSpec(target, ref.repo_id, block, None, port, extra, None, recipe, tp or 1), ref.name
@@ -100,7 +102,9 @@ def _serve_spec(ref: Ref, engine: str, target, port, tp, block_size, extra: tupl
     draft_rev = pins.draft or entry.draft_revision
     # the pinned target commit only applies to the registered target, not a --target override
     target_rev = None if target else (pins.target or entry.target_revision)
-    block = block_size or entry.draft.block_size or _entry_block_size(entry, draft_rev)
+    trained = lambda: entry.draft.block_size or _entry_block_size(entry, draft_rev)  # noqa: E731
+    check_overrides(tp, block_size, target or entry.target_repo, target_rev, entry.slug, trained)
+    block = block_size or trained()
     if engine == "vllm" and entry.draft.mask_token_id is None:
         _vllm_mask_id(entry, draft_rev)
     size = tp or sv.tensor_parallel_size(entry.target_bf16_bytes, visible_gpu_bytes(), entry.tp_hint)

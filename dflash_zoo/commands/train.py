@@ -17,6 +17,7 @@ from dflash_zoo.commands.run import (
     Temperature,
     check_device,
     check_model_paths,
+    dtype_option,
     load_pipeline,
     model_options,
 )
@@ -227,7 +228,7 @@ def _cut(exs: list, max_length: int) -> list:
 )
 @click.option(
     "--mask-token-id",
-    type=int,
+    type=click.IntRange(min=0),
     default=None,
     help="Default: the tokenizer's mask token, else <|MASK|>, else the last embedding row.",
 )
@@ -265,7 +266,7 @@ def _cut(exs: list, max_length: int) -> list:
 )
 @click.option("--no-target-features", is_flag=True, help="Ablation: fc frozen at zero (no target context).")
 @click.option("--device", default=None, help="cpu, cuda ... (default: cuda if available).")
-@click.option("--dtype", default="auto", show_default=True, help="Target dtype (and the saved drafter's).")
+@dtype_option("Target dtype (and the saved drafter's).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--resume", is_flag=True, help="Continue from the newest complete checkpoint in OUT-checkpoint/."

@@ -3,7 +3,8 @@
 A blob is named by the hash the Hub gives for the file: the sha256 of an LFS file (its ETag, `X-Linked-Etag`,
 or `lfs.sha256` in the repo listing) or the git blob id of any other file (sha1 of `blob <size>\\0<bytes>`).
 `fetch_blob` downloads into `<blob>.incomplete`, hashes while it writes, and renames the file to its blob name
-only when size and hash match, so a corrupt transfer never enters the cache.
+only when size and hash match, so a corrupt transfer never enters the cache. A size the listing did not give
+is taken from the download (its Content-Length, else the bytes written); the hash is checked all the same.
 
 Cross-process rules:
 - `<blob>.incomplete` keeps the bytes of an interrupted transfer (a kill -9 included); the next `fetch_blob`,
@@ -94,24 +95,53 @@ def is_locked(lock_file: Path) -> bool:
 
 
 class _Partial:
-    """The `.incomplete` file of one blob, with the running hash of the bytes it holds."""
+    """The `.incomplete` file of one blob, with the running hash of the bytes it holds.
 
-    def __init__(self, path: Path, digest: str, size: int):
+    `size` may be None until the download says it (`learn_size`); a git blob id hashes a `blob <size>` head
+    first, so its hash waits for the size (sha256 runs from the first byte).
+    """
+
+    def __init__(self, path: Path, digest: str, size: int | None):
         self.path, self.digest, self.size = path, digest, size
-        self.hasher = new_hasher(digest, size)
+        self.hasher = self._new_hasher()
         self.offset = self.received = 0  # received: bytes that came over the network
-        if path.is_file() and path.stat().st_size <= size:
-            with open(path, "rb") as fh:
-                while chunk := fh.read(_READ_CHUNK):
-                    self.hasher.update(chunk)
-                    self.offset += len(chunk)
+        if path.is_file() and (size is None or path.stat().st_size <= size):
+            self.offset = path.stat().st_size
+            self._hash_existing()
         else:
             self.restart()
         self.resumed_from = self.offset
 
+    def _new_hasher(self) -> Any:
+        if self.size is None and len(self.digest) != 64:
+            return None
+        return new_hasher(self.digest, self.size or 0)
+
+    def _hash_existing(self) -> None:
+        """Feed the bytes already in the file to a fresh hasher (none yet: nothing to do)."""
+        if self.hasher is None:
+            return
+        with open(self.path, "rb") as fh:
+            while chunk := fh.read(_READ_CHUNK):
+                self.hasher.update(chunk)
+
+    def learn_size(self, size: int) -> None:
+        """The size the download announced, for a file the listing gave none for."""
+        if self.size is not None:
+            return
+        self.size = size
+        if self.hasher is None:
+            self.hasher = self._new_hasher()
+            self._hash_existing()
+
+    def hexdigest(self) -> str:
+        """The hash of the bytes written (a file whose size was never announced takes the bytes written)."""
+        self.learn_size(self.offset)
+        return self.hasher.hexdigest()
+
     def restart(self) -> None:
         self.path.write_bytes(b"")
-        self.hasher = new_hasher(self.digest, self.size)
+        self.hasher = self._new_hasher()
         self.offset = 0
 
     def append(self, fh: Any, chunk: bytes) -> None:
@@ -119,7 +149,8 @@ class _Partial:
         view = memoryview(chunk)
         while view:
             view = view[fh.write(view) :]
-        self.hasher.update(chunk)
+        if self.hasher is not None:
+            self.hasher.update(chunk)
         self.offset += len(chunk)
         self.received += len(chunk)
 
@@ -128,7 +159,7 @@ def fetch_blob(
     url: str,
     blob: Path,
     digest: str,
-    size: int,
+    size: int | None,
     label: str,
     headers: dict[str, str],
     lock_file: Path,
@@ -137,6 +168,7 @@ def fetch_blob(
 ) -> int:
     """Download `url` into `blob`, verified against `digest`; returns the bytes received over the network.
 
+    `size` None: the listing gave none; the download's Content-Length is used, else the bytes written.
     Returns 0 when the blob appeared meanwhile (another process fetched it) unless `replace`. Raises
     `IntegrityError` naming `label` when a complete transfer from byte 0 does not hash to `digest`; the
     partial file is then deleted and nothing is stored.
@@ -146,12 +178,13 @@ def fetch_blob(
             return 0
         part = _Partial(blob.with_name(blob.name + PARTIAL_SUFFIX), digest, size)
         _download(url, part, headers, label, progress)
-        if part.hasher.hexdigest() != digest and part.resumed_from:
+        if part.hexdigest() != digest and part.resumed_from:
             log.warning("%s: resumed bytes did not verify; fetching it again from the start", label)
             part.restart()
             part.resumed_from = 0
             _download(url, part, headers, label, progress)
-        actual, stored = part.hasher.hexdigest(), _synced_size(part.path)  # hashed bytes, bytes on disk
+        actual, stored = part.hexdigest(), _synced_size(part.path)  # hashed bytes, bytes on disk
+        size = part.size
         if part.offset != size or stored != size or actual != digest:
             part.path.unlink(missing_ok=True)
             got = f"{stored} bytes" if stored != size else f"{digest_kind(digest)} {actual[:12]}"
@@ -208,6 +241,10 @@ def _one_request(url: str, part: _Partial, headers: dict[str, str], bar: Any) ->
     with get_session().stream(
         "GET", url, headers=request_headers, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT, follow_redirects=True
     ) as response:
+        if part.size is None and (announced := _announced_size(response)) is not None:
+            part.learn_size(announced)
+            bar.reset(total=announced)
+            bar.update(part.offset)
         if response.status_code == 416 and part.offset == part.size:
             return  # everything was already there
         hf_raise_for_status(response)
@@ -218,8 +255,18 @@ def _one_request(url: str, part: _Partial, headers: dict[str, str], bar: Any) ->
             for chunk in response.iter_bytes():
                 part.append(fh, chunk)
                 bar.update(len(chunk))
-                if part.offset > part.size:
+                if part.size is not None and part.offset > part.size:
                     break  # more bytes than the listing said: verification fails below
+
+
+def _announced_size(response: Any) -> int | None:
+    """The whole file's size a response announces: the total of a 206's `Content-Range: bytes N-M/T` (or a
+    416's `bytes */T`), or a 200's Content-Length (the file from byte 0); None when it announces none."""
+    if response.status_code in (206, 416):
+        total = response.headers.get("Content-Range", "").rpartition("/")[2].strip()
+        return int(total) if total.isdigit() else None
+    length = response.headers.get("Content-Length", "").strip()
+    return int(length) if response.status_code == 200 and length.isdigit() else None
 
 
 def _range_start(response: Any) -> int | None:

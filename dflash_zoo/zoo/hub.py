@@ -92,11 +92,13 @@ class RemoteFile:
     """One file of a planned pull; `cached` when it is in the snapshot folder.
 
     `digest` is the hash the Hub publishes (sha256 for LFS files, the git blob id otherwise) and the blob's
-    name in the cache; None when the Hub gave none (the file is then checked by size only, with a warning).
+    name in the cache; None when the listing gave none (a HEAD request's ETag gives it before the download).
+    `size` is None when the listing gave none (a mirror that lists names only): the download's
+    Content-Length (or the bytes written) gives it, and the hash is still verified.
     """
 
     path: str
-    size: int
+    size: int | None
     cached: bool
     digest: str | None = None
 
@@ -113,11 +115,17 @@ class PullPlan:
 
     @property
     def total_bytes(self) -> int:
-        return sum(f.size for f in self.files)
+        """Bytes of the files whose size is known (`unknown_sizes` counts the others)."""
+        return sum(f.size or 0 for f in self.files)
 
     @property
     def missing_bytes(self) -> int:
-        return sum(f.size for f in self.files if not f.cached)
+        return sum(f.size or 0 for f in self.files if not f.cached)
+
+    @property
+    def unknown_sizes(self) -> int:
+        """Files to download whose size the listing did not give."""
+        return sum(f.size is None and not f.cached for f in self.files)
 
     @property
     def up_to_date(self) -> bool:
@@ -209,10 +217,18 @@ def plan_pull(
         raise NotFoundError(f"no file matching {list(patterns)} in {repo_id} at {revision}")
     snap = repo_cache_dir(repo_id) / "snapshots" / str(info.sha)
     files = tuple(
-        RemoteFile(p, int(siblings[p].size or 0), (snap / p).is_file(), _sibling_digest(siblings[p]))
+        RemoteFile(p, _listed_size(siblings[p], snap / p), (snap / p).is_file(), _sibling_digest(siblings[p]))
         for p in wanted
     )
     return PullPlan(repo_id, revision, str(info.sha), files, patterns)
+
+
+def _listed_size(sibling: object, cached: Path) -> int | None:
+    """The listed size; else the cached file's; None when neither is known (taken from the download)."""
+    size = getattr(sibling, "size", None)
+    if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
+        return size
+    return cached.stat().st_size if cached.is_file() else None
 
 
 def _patterns(allow_patterns: Sequence[str] | None) -> tuple[str, ...] | None:
@@ -230,7 +246,7 @@ def verify(plan: PullPlan, everything: bool = False) -> list[CorruptFile]:
     """Re-hash the cached files of `plan` (all when `everything`, else those up to `ALWAYS_VERIFY_BYTES`)."""
     bad = []
     for f in plan.files:
-        if not f.cached or not (everything or f.size <= ALWAYS_VERIFY_BYTES):
+        if not f.cached or not (everything or (f.size or 0) <= ALWAYS_VERIFY_BYTES):
             continue
         expected = f.digest or _linked_digest(plan.path / f.path)
         if expected is None:
@@ -256,7 +272,7 @@ def bytes_to_fetch(plan: PullPlan, refetch: Collection[str] = ()) -> int:
     for f in _to_fetch(plan, refetch):
         part = blobs / f"{f.digest}{fetch.PARTIAL_SUFFIX}" if f.digest else None
         have = part.stat().st_size if part is not None and part.is_file() else 0
-        total += max(f.size - have, 0)
+        total += max((f.size or 0) - have, 0)  # an unknown size is learnt when the download starts
     return total
 
 
@@ -278,9 +294,10 @@ def download(plan: PullPlan, progress: bool = True, refetch: Collection[str] = (
         check_space(bytes_to_fetch(plan, refetch), [plan.repo_id])
         log.info("downloading %s@%s (%d files)", plan.repo_id, plan.commit[:12], len(todo))
         with hub_errors(plan.repo_id, plan.revision, offline=False):
-            received = sum(_fetch_one(plan, f, progress, f.path in refetch) for f in todo)
+            fetched = {f.path: _fetch_one(plan, f, progress, f.path in refetch) for f in todo}
+        received = sum(n for n, _ in fetched.values())
         for f in todo:
-            _link(plan, f)
+            _link(plan, f, fetched[f.path][1])
     _write_ref(plan.repo_id, plan.revision, plan.commit)
     return PullResult(plan.repo_id, plan.revision, plan.commit, plan.path, received,
                       up_to_date=not todo, fetched=tuple(f.path for f in todo))  # fmt: skip
@@ -290,38 +307,43 @@ def _to_fetch(plan: PullPlan, refetch: Collection[str]) -> list[RemoteFile]:
     return [f for f in plan.files if not f.cached or f.path in refetch]
 
 
-def _fetch_one(plan: PullPlan, f: RemoteFile, progress: bool, replace: bool) -> int:
-    """Fetch one file into `blobs/<digest>` (verified); the digest is the listing's, or a HEAD's ETag."""
+def _fetch_one(plan: PullPlan, f: RemoteFile, progress: bool, replace: bool) -> tuple[int, str]:
+    """Fetch one file into `blobs/<digest>` (verified); the digest is the listing's, or a HEAD's ETag.
+
+    Returns (bytes received, the digest it is stored under)."""
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers
 
     url = hf_hub_url(plan.repo_id, f.path, revision=plan.commit, endpoint=hub_endpoint())
     headers = build_hf_headers()
-    digest = f.digest or _head_digest(url, headers, f.path)
+    digest, size = (f.digest, f.size) if f.digest else _head_meta(url, headers, f.path, f.size)
     label = f"{f.path} of {plan.repo_id}@{plan.commit[:12]}"
     blob = repo_cache_dir(plan.repo_id) / "blobs" / digest
     blob.parent.mkdir(parents=True, exist_ok=True)
-    return fetch.fetch_blob(url, blob, digest, f.size, label, headers, lock_file(plan.repo_id, digest),
-                            progress=progress, replace=replace)  # fmt: skip
+    got = fetch.fetch_blob(url, blob, digest, size, label, headers, lock_file(plan.repo_id, digest),
+                           progress=progress, replace=replace)  # fmt: skip
+    return got, digest
 
 
-def _head_digest(url: str, headers: dict[str, str], path: str) -> str:
-    """The ETag of a file the listing gave no hash for; only a sha256 or git blob id can be verified."""
+def _head_meta(url: str, headers: dict[str, str], path: str, size: int | None) -> tuple[str, int | None]:
+    """(ETag, size) of a file the listing gave no hash for, from a HEAD request; only a sha256 or git blob
+    id can be verified. The size stays the listing's when it gave one, else the HEAD's (None if neither)."""
     from huggingface_hub import get_hf_file_metadata
 
-    etag = (get_hf_file_metadata(url, headers=headers).etag or "").lower()
+    meta = get_hf_file_metadata(url, headers=headers)
+    etag = (meta.etag or "").lower()
     if not _DIGEST.match(etag):
         raise fetch.IntegrityError(
             f"the Hub gives no sha256 or git blob id for {path} (ETag {etag!r}): it cannot be verified",
             hint="the endpoint (HF_ENDPOINT) is not a Hub that publishes file hashes",
         )
-    return etag
+    return etag, size if size is not None else meta.size
 
 
-def _link(plan: PullPlan, f: RemoteFile) -> None:
+def _link(plan: PullPlan, f: RemoteFile, digest: str | None = None) -> None:
     """Point `snapshots/<commit>/<path>` at its blob with a relative symlink (swapped in atomically)."""
     pointer = plan.path / f.path
-    digest = f.digest or _linked_digest(pointer)
+    digest = digest or f.digest or _linked_digest(pointer)
     if digest is None:
         return
     blob = repo_cache_dir(plan.repo_id) / "blobs" / digest
