@@ -65,7 +65,6 @@ class HybridGDNAdapter(TargetAdapter):
     """A decoder whose `layer_types` mix `linear_attention` (Gated-DeltaNet) and `full_attention` layers."""
 
     cache_strategy = "gdn-recompute"
-    rollback_supported = True
     gdn_attr: ClassVar[str] = "linear_attn"  # the GDN module inside a decoder layer
     gdn_capture: ClassVar[tuple[str, ...]] = ()  # GDN submodules whose outputs the recompute rollback needs
 

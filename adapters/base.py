@@ -49,7 +49,7 @@ class Problem:
     message: str
 
 
-# ---- the static fast path's view of a decoder (cuda/static.py) --------------------------------------------
+# ---- the static fast path's view of a decoder (cuda/static/) ---------------------------------------------
 # Module names are attribute paths: per-layer names from a decoder layer (or from its attention / MLP module),
 # model-wide ones from the loaded model, like `layers_path`. Config keys are read from the text config.
 # New families extend these by adding fields whose defaults keep the families declared so far unchanged.
@@ -110,7 +110,7 @@ EXPERT_GATES = {
 class SparseMoE:
     """A sparse MoE block, run by the static engine as its parts: `router(x [N, H], *router_args)` -> (logits,
     top-k weights, top-k indices) or the declared routing rule's kernel, the routed experts through the expert
-    kernels of cuda/moe.py for steps of a few rows (the experts module for longer ones), plus
+    kernels of cuda/ops/moe.py for steps of a few rows (the experts module for longer ones), plus
     `sigmoid(shared_expert_gate(x)) * shared_expert(x)`."""
 
     experts: str = "experts"  # the child that marks a layer's MLP module as this block
@@ -307,20 +307,19 @@ class TargetAdapter:
     model_types: ClassVar[tuple[str, ...]] = ()
     layers_path: ClassVar[str] = "model.layers"
     cache_strategy: ClassVar[str] = "crop"  # negative crop of a plain KV cache is exact
-    rollback_supported: ClassVar[bool] = True
-    min_transformers: ClassVar[str] = "5.17.0"
     chat_template_kwargs: ClassVar[dict[str, Any]] = {}
     auto_class: ClassVar[str] = "AutoModelForCausalLM"  # transformers auto class that loads the target
     norm_path: ClassVar[str | None] = None  # the final norm; None: `norm` next to the layers (`model.norm`)
-    # what the static fast path (cuda/static.py) runs the decoder from; None: no fast path (the eager loop)
+    # what the static fast path (cuda/static/) runs the decoder from; None: no fast path (the eager loop)
     static_layout: ClassVar[StaticLayout | None] = None
     extra_stop_token_ids: ClassVar[tuple[int, ...]] = ()  # family stop ids beyond the generation config's eos
     accepts_images: ClassVar[bool] = False  # VLM wrappers: `generate --image` feeds pixels at prefill only
+    # the attention implementation the target is built with (None: transformers' default)
+    attn_implementation: ClassVar[str | None] = None
     # what every published config.json of the family has beyond the registry's target fingerprint, for the
     # config `check` builds from it (zoo/check_sources.py): the decoder's own `model_type` under a VLM wrapper's
     # `text_config`, `gdn_every` (every n-th layer full attention, the others Gated-DeltaNet), a logit soft-cap
     registry_shape: ClassVar[dict[str, Any]] = {}
-    notes: ClassVar[str] = ""
 
     def __init__(self, model: Any):
         self.model = model
@@ -477,6 +476,12 @@ class TargetAdapter:
         recorded sliding-window history back to the window, so it runs every step.
         """
         cache.crop(-num_rejected)
+
+    # ---- the static engine's extra hooks ----------------------------------------------------------
+    def gdn_split(self, gdn: Any, outs: tuple[Any, ...]) -> tuple[Any, Any, Any, Any]:
+        """A Gated-DeltaNet layer's input projection outputs (`StaticGDN.in_proj`) -> (conv input, z, b, a);
+        required of an adapter whose `static_layout` declares linear-attention layers."""
+        raise NotImplementedError(f"{type(self).__name__} declares no linear-attention layers")
 
 
 def require_croppable(cache: Any, adapter_name: str) -> None:

@@ -19,4 +19,4 @@ from dflash_zoo.adapters.base import TargetAdapter
 
 @register("deepseek_v3")
 class DeepseekV3Adapter(TargetAdapter):
-    notes = "MLA + MoE; plain DynamicCache (crop is exact)"
+    """MLA + MoE on a plain DynamicCache: the base adapter's negative crop is exact."""

@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 @register("gemma4_text")
 class Gemma4TextAdapter(TargetAdapter):
     cache_strategy = "crop-with-recording"
-    notes = "embed x sqrt(H); final-logit soft-cap; sliding/full 5:1; KV-shared tail (E2B/E4B)"
     static_layout = StaticLayout(
         attention=StaticAttention(
             q_norm="q_norm",

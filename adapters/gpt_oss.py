@@ -35,7 +35,6 @@ class GptOssAdapter(TargetAdapter):
     cache_strategy = "crop-with-recording"  # sliding layers: activate_past_recording after prefill
     extra_stop_token_ids: ClassVar[tuple[int, ...]] = (HARMONY_RETURN, HARMONY_CALL, HARMONY_ENDOFTEXT)
     attn_implementation: ClassVar[str] = "eager"  # sinks: the only exact CPU/GPU path without kernels
-    notes = "attention sinks (eager); sliding/full alternating; harmony stop tokens"
     static_layout = StaticLayout(
         attention=StaticAttention(sinks="sinks"),
         mlp=None,

@@ -44,7 +44,6 @@ class KimiK25Adapter(DeepseekV3Adapter):
     layers_path = "model.language_model.layers"
     auto_class = "AutoModelForImageTextToText"
     accepts_images = True
-    notes = "VLM wrapper over deepseek_v3 (MLA + MoE); head forced untied"
     registry_shape = {"model_type": "deepseek_v3"}  # the text config's
 
     @classmethod

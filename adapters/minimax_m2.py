@@ -33,7 +33,6 @@ def fix_partial_rotary(config: Any) -> Any:
 
 @register("minimax_m2")
 class MiniMaxM2Adapter(TargetAdapter):
-    notes = "partial rotary (rope_parameters); q/k norm over all heads; MoE"
     static_layout = StaticLayout(
         attention=StaticAttention(q_norm="q_norm", k_norm="k_norm", qk_norm_per_head=False),
         mlp=None,

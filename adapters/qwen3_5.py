@@ -33,7 +33,6 @@ class Qwen3_5Adapter(TargetAdapter):
     auto_class = "AutoModelForImageTextToText"
     cache_strategy = "gdn-recompute"
     accepts_images = True
-    notes = "VLM wrapper over the hybrid Gated-DeltaNet text model (exact GDN rollback)"
     registry_shape = {"model_type": "qwen3_5_text", "gdn_every": 4}  # 3 Gated-DeltaNet : 1 full attention
     static_layout = dataclasses.replace(HYBRID_LAYOUT, rotary_emb="model.language_model.rotary_emb")
 

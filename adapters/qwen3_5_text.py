@@ -10,7 +10,7 @@ Quirks:
   only after prefill (base `start_decoding`);
 - full-attention layers are gated (q_proj doubles as a gate) and use partial rotary: taps are unaffected;
 - fast path: RMSNorms are zero-centred (`1 + weight`, in fp32), so the static engine calls the norm modules;
-  GDN layers run over static conv / recurrent states (`cuda/gdn.py`, `gdn_split` splits the projections' outputs);
+  GDN layers run over static conv / recurrent states (`cuda/static/gdn.py`, `gdn_split` splits the projections' outputs);
 - thinking is on by default in the chat template and the z-lab drafters were benchmarked with it, so no
   template switch is passed.
 """
@@ -45,7 +45,6 @@ HYBRID_LAYOUT = StaticLayout(
 @register("qwen3_5_text")
 class Qwen3_5TextAdapter(HybridGDNAdapter):
     gdn_capture = ("in_proj_qkv", "in_proj_a", "in_proj_b")
-    notes = "hybrid Gated-DeltaNet: exact GDN rollback (recompute; replay as fallback)"
     static_layout = HYBRID_LAYOUT
 
     def gdn_split(self, gdn: Any, outs: tuple[Any, ...]) -> tuple[Any, Any, Any, Any]:

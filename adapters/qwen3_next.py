@@ -27,7 +27,6 @@ from dflash_zoo.adapters.qwen3_5_text import HYBRID_LAYOUT
 @register("qwen3_next")
 class Qwen3NextAdapter(HybridGDNAdapter):
     gdn_capture = ("in_proj_qkvz", "in_proj_ba")
-    notes = "hybrid Gated-DeltaNet (Coder-Next): exact GDN rollback; unusual taps kept as published"
     registry_shape = {"gdn_every": 4}  # 3 Gated-DeltaNet layers, then 1 full attention
 
     static_layout = dataclasses.replace(

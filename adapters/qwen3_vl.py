@@ -32,7 +32,6 @@ class Qwen3VLAdapter(TargetAdapter):
     layers_path = "model.language_model.layers"
     auto_class = "AutoModelForImageTextToText"
     accepts_images = True
-    notes = "VLM wrapper; mRoPE deltas reset per generation"
     static_layout = StaticLayout(
         attention=StaticAttention(q_norm="q_norm", k_norm="k_norm"),
         moe=SparseMoE(routing="softmax_topk", expert_gate="silu"),  # Qwen3-VL-MoE: always renormalised
@@ -48,4 +47,4 @@ class Qwen3VLAdapter(TargetAdapter):
 
 @register("qwen3_vl_moe")
 class Qwen3VLMoeAdapter(Qwen3VLAdapter):
-    notes = "VLM wrapper (MoE text model); mRoPE deltas reset per generation"
+    """The VLM wrapper over the MoE text model (the static layout's `SparseMoE` finds its sparse blocks)."""

@@ -347,7 +347,7 @@ def shape_target(s: Shape, device: str, dtype: torch.dtype, max_positions: int =
     cfg = target_config(s, max_positions)
     auto = getattr(transformers, adapter.auto_class)
     kw: dict[str, Any] = {"dtype": dtype}
-    impl = getattr(adapter, "attn_implementation", None)  # gpt-oss: eager (attention sinks)
+    impl = adapter.attn_implementation  # gpt-oss: eager (attention sinks)
     if impl:
         kw["attn_implementation"] = impl
     with torch.device(device):

@@ -1,7 +1,7 @@
 """Image prompts for VLM targets: token ids for the decode loop plus the tensors its prefill needs.
 
     ids, prefill = image_prompt_inputs(processor, "What is in this picture?", ["cat.png"], {})
-    SpeculativeDecoder(adapter, drafter, ids, cfg, mask_id, prefill_inputs=prefill)
+    engine.start(ids, cfg, prefill_inputs=prefill)  # the eager engine (engine/factory.py picks it for images)
 
 The HF processor renders the chat template and expands each image placeholder into the number of image
 tokens the vision tower produces. Everything it returns besides `input_ids` and `attention_mask`
@@ -25,13 +25,15 @@ from dflash_zoo.errors import ConfigError, NotFoundError, UnsupportedModelError
 if TYPE_CHECKING:
     import torch
 
+    from dflash_zoo.adapters.base import TargetAdapter
+
 TEXT_ONLY_KEYS = ("input_ids", "attention_mask")
 
 
-def require_image_support(adapter: Any) -> None:
+def require_image_support(adapter: TargetAdapter) -> None:
     """Refuse images for a target whose adapter does not declare `accepts_images`."""
-    if not getattr(adapter, "accepts_images", False):
-        types = ", ".join(getattr(adapter, "model_types", ())) or type(adapter).__name__
+    if not adapter.accepts_images:
+        types = ", ".join(adapter.model_types) or type(adapter).__name__
         raise UnsupportedModelError(
             f"target family {types} takes no images",
             hint="drop --image, or use a VLM target (qwen3_vl, gemma4, ...)",

@@ -2,10 +2,10 @@
 
 `check_pair` finds both configs (`check_sources.py` documents the order: local files, HF cache, registry
 fingerprint, Hub) and returns a `CheckReport` of PASS / WARN / FAIL rows: adapter and cache strategy,
-transformers version, cache rollback, the field checks of `adapter.validate` (base `TargetAdapter` when no
-adapter exists: hidden size, taps, mask id, vocab), block size, the registry's expectations (status, pinned
-fingerprint and revision, thinking / chat template) and how the pair relates to the registry (a variant or
-fingerprint match is compatible, with a WARN that acceptance may be lower).
+transformers version (against the package's own floor), the field checks of `adapter.validate` (base
+`TargetAdapter` when no adapter exists: hidden size, taps, mask id, vocab), block size, the registry's
+expectations (status, pinned fingerprint and revision, thinking / chat template) and how the pair relates to
+the registry (a variant or fingerprint match is compatible, with a WARN that acceptance may be lower).
 
 Rows also name the drafter's architecture ("dflash", "dflash (in-block causal)", "dflash2") and, for an entry
 that lists its known uploads, which upload the config is (`zoo/revisions.py`).
@@ -135,20 +135,25 @@ def _adapter_rows(model_type: str, cls: type[TargetAdapter] | None) -> list[Chec
     rows = [
         CheckRow("adapter", "PASS", f"{model_type}{alias} -> {cls.__name__}, cache: {cls.cache_strategy}")
     ]
+    floor = transformers_floor()
+    needs = f"needs >= {floor}" if floor else "the package's requirement is unknown"
     if installed is None:
-        rows.append(CheckRow("transformers", "FAIL", f"not installed; needs >= {cls.min_transformers}"))
+        rows.append(CheckRow("transformers", "FAIL", f"not installed; {needs}"))
     else:
-        ok = version_tuple(installed) >= version_tuple(cls.min_transformers)
-        rows.append(
-            CheckRow(
-                "transformers", "PASS" if ok else "FAIL", f"{installed} (needs >= {cls.min_transformers})"
-            )
-        )
-    if cls.rollback_supported:
-        rows.append(CheckRow("cache rollback", "PASS", cls.cache_strategy))
-    else:
-        rows.append(CheckRow("cache rollback", "FAIL", f"{cls.cache_strategy} cannot be rolled back"))
+        ok = floor is None or version_tuple(installed) >= version_tuple(floor)
+        rows.append(CheckRow("transformers", "PASS" if ok else "FAIL", f"{installed} ({needs})"))
     return rows
+
+
+def transformers_floor() -> str | None:
+    """The oldest transformers this installation of dflash-zoo supports: its own requirement (pyproject's
+    `transformers>=...`), or None where the package metadata is not installed."""
+    try:
+        requires = metadata.requires("dflash-zoo") or []
+    except metadata.PackageNotFoundError:
+        return None
+    found = (re.match(r"transformers\s*>=\s*([0-9][0-9.]*)", r) for r in requires)
+    return next((m.group(1) for m in found if m), None)
 
 
 def _field_rows(cls: type[TargetAdapter], tcfg: dict, d: DraftConfig) -> list[CheckRow]:
