@@ -24,9 +24,8 @@ _LAZY = {
     "GenerationResult": "dflash_zoo.engine.results",
     "StepRecord": "dflash_zoo.engine.results",
     "DFlashDrafter": "dflash_zoo.engine.drafter",
-    "load_drafter": "dflash_zoo.engine.checkpoint",
+    "load_drafter": "dflash_zoo.loading",
     "save_drafter": "dflash_zoo.engine.checkpoint",
-    "speculative_generate": "dflash_zoo.engine.decode",
 }
 
 

@@ -11,17 +11,18 @@ The pieces live in `pipeline.py` (the pair and its entry points) and `loading.py
 
 from __future__ import annotations
 
-from dflash_zoo.engine.checkpoint import TARGET_FILES
 from dflash_zoo.loading import (
     check_pair,
     default_device,
     load,
+    load_drafter,
     load_target,
     locked_revision,
     parse_dtype,
     resolve_devices,
 )
 from dflash_zoo.pipeline import Pipeline, TextStream
+from dflash_zoo.sources import TARGET_FILES
 
 __all__ = [
     "TARGET_FILES",
@@ -30,6 +31,7 @@ __all__ = [
     "check_pair",
     "default_device",
     "load",
+    "load_drafter",
     "load_target",
     "locked_revision",
     "parse_dtype",

@@ -11,9 +11,9 @@ import torch
 
 from dflash_zoo import demo
 from dflash_zoo.adapters import get_adapter
-from dflash_zoo.engine.checkpoint import TARGET_FILES, load_drafter, resolve_dir
+from dflash_zoo.engine import checkpoint
 from dflash_zoo.engine.drafter import DFlashDrafter
-from dflash_zoo.engine.select import EngineOptions
+from dflash_zoo.engine.options import EngineOptions, FastOptions
 from dflash_zoo.engine.target_files import check_target_dir
 from dflash_zoo.errors import (
     ConfigError,
@@ -23,6 +23,7 @@ from dflash_zoo.errors import (
     missing_directory,
 )
 from dflash_zoo.pipeline import Pipeline
+from dflash_zoo.sources import DRAFT_FILES, TARGET_FILES, resolve_dir
 
 log = logging.getLogger("dflash_zoo")
 MASK_TOKEN_STRING = "<|MASK|>"  # what the first z-lab README added to tokenizers
@@ -104,6 +105,17 @@ def load_target(source: Any, device: str, dtype: torch.dtype, revision: str | No
     return model, tokenizer
 
 
+def load_drafter(
+    source: Any,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    revision: str | None = None,
+) -> DFlashDrafter:
+    """A drafter from a local directory or a Hub id (fetched into the HF cache first, at `revision`), every
+    weight loaded strictly (`engine/checkpoint.py`)."""
+    return checkpoint.load_drafter(resolve_dir(source, revision, DRAFT_FILES), device, dtype)
+
+
 def check_pair(model: Any, drafter: DFlashDrafter) -> None:
     """Refuse a pair whose configs do not fit (one line naming the problem)."""
     adapter = get_adapter(model.config.model_type)
@@ -135,6 +147,7 @@ def load(
     device_map: str | list[str] | None = None,
     fast: bool | None = None,
     compile: bool = False,
+    fast_options: FastOptions | None = None,
 ) -> Pipeline:
     """Load a target + drafter pair and check that they fit.
 
@@ -148,6 +161,8 @@ def load(
         fast: the static fast engine: None (auto: on CUDA for families that declare a static layout), True
             (wherever it can run, CPU included), False (always the eager engine). See `engine/select.py`.
         compile: `torch.compile` the fast engine's steps (a one-time cost, reported apart from throughput).
+        fast_options: how the fast engine runs (`FastOptions`); None: `FastOptions.from_env()` (the
+            `DFLASH_ZOO_*` switches of docs/performance.md). `compile=True` turns its `compile` on.
     Returns:
         A `Pipeline` with `generate`, `stream` and `generate_autoregressive`.
     """
@@ -188,8 +203,14 @@ def load(
         mask_token_id=_mask_id(drafter, tokenizer, _embedding_rows(model)),
         adapter=adapter,
         placement=placement,
-        options=EngineOptions(fast=fast, compile=compile),
+        options=EngineOptions(fast, _fast_options(fast_options, compile)),
     )
+
+
+def _fast_options(given: FastOptions | None, compile: bool) -> FastOptions:
+    """The fast engine's options: those given, else the environment's (`FastOptions.from_env`); `compile` on top."""
+    options = given if given is not None else FastOptions.from_env()
+    return options.with_choices(compile=True) if compile else options
 
 
 def resolve_devices(device_map: str | list[str] | None, device: str | None) -> tuple[str, list[str] | None]:
@@ -209,7 +230,8 @@ def resolve_devices(device_map: str | list[str] | None, device: str | None) -> t
 
 def _place(adapter: Any, drafter: DFlashDrafter, devices: list[str]) -> Any:
     """Split the target over `devices` (the drafter's bytes planned on the head's device), then move the drafter."""
-    from dflash_zoo.cuda.placement.plan import apply_placement, module_bytes, plan_placement
+    from dflash_zoo.cuda.placement.hooks import apply_placement
+    from dflash_zoo.cuda.placement.plan import module_bytes, plan_placement
 
     plan = plan_placement(adapter, devices, reserve_bytes=module_bytes(drafter))
     placement = apply_placement(adapter.model, adapter, plan)

@@ -1,8 +1,9 @@
 """`Pipeline`: a loaded target + drafter pair, whose every entry point runs through one engine interface.
 
-`generate`, `stream`, `chat`, `generate_autoregressive` and `generation` encode the prompt, ask
-`engine/select.py` for the engine (`last_choice` says which and why) and run it; the CLI, `eval` and the Python
-API all go through here. Build one with `dflash_zoo.load(...)` (`loading.py`).
+`generate`, `stream`, `chat`, `generate_autoregressive` and `generation` encode the prompt, take the engine that
+`engine/factory.py` chooses and builds (`last_choice` says which and why; a built engine is reused while it
+fits) and run it; the CLI, `eval` and the Python API all go through here. Build one with `dflash_zoo.load(...)`
+(`loading.py`). A generation's config is checked once, by the engine that runs it.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from typing import Any
 import torch
 
 from dflash_zoo.adapters import get_adapter
-from dflash_zoo.engine.checkpoint import TARGET_FILES, resolve_dir
-from dflash_zoo.engine.decode import EagerEngine
 from dflash_zoo.engine.drafter import DFlashDrafter
+from dflash_zoo.engine.factory import build_engine
 from dflash_zoo.engine.results import GenerationConfig, GenerationResult, fit_to_positions, target_positions
 from dflash_zoo.engine.run import AcceptOverride, Engine, Generation
 from dflash_zoo.engine.select import EngineChoice, EngineOptions, choose_engine
 from dflash_zoo.errors import ConfigError
+from dflash_zoo.sources import TARGET_FILES, resolve_dir
 
 log = logging.getLogger("dflash_zoo")
 
@@ -85,45 +86,42 @@ class Pipeline:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def config(self, **kw: Any) -> GenerationConfig:
-        """A validated `GenerationConfig`; `stop_token_ids=None` means the pair's defaults, `[]` none at all."""
+        """A `GenerationConfig` (checked by the engine that runs it); `stop_token_ids=None` means the pair's
+        defaults, `[]` none at all."""
         stops = kw.pop("stop_token_ids", None)
         stops = self.stop_token_ids if stops is None else tuple(stops)
-        return GenerationConfig(stop_token_ids=stops, **kw).validated(self.drafter.cfg.block_size)
+        return GenerationConfig(stop_token_ids=stops, **kw)
 
     def engine(self, cfg: GenerationConfig, prompt_tokens: int, images: bool = False) -> Engine:
-        """The engine for one generation (`engine/select.py` decides; `last_choice` says which and why)."""
+        """The engine for one generation (`engine/factory.py` chooses and builds it; `last_choice` says which
+        and why), reused while it fits the generation and the options."""
         choice = choose_engine(
-            self.adapter, self.device, self.options, split=self.placement is not None, prefill_inputs=images
-        )
+            self.adapter, self.device, self.options, drafter=self.drafter, split=self.placement is not None,
+            prefill_inputs=images,
+        )  # fmt: skip
         if not choice.fast and self.options.fast:
             log.warning("%s; using the eager engine", choice.reason)
         if choice != self.last_choice:
             log.info("engine: %s (%s)", choice.name, choice.reason)
         self.last_choice = choice
-        if not choice.fast:
-            if "eager" not in self._engines:
-                self._engines["eager"] = EagerEngine(self.adapter, self.drafter, self.mask_token_id)
-            return self._engines["eager"]
-        return self._fast_engine(cfg, prompt_tokens + cfg.max_new_tokens)
-
-    def _fast_engine(self, cfg: GenerationConfig, need: int) -> Engine:
-        """The static engine for this block size, rebuilt when a longer generation or other options need it."""
-        key = f"fast-b{cfg.block_size}"
+        block = cfg.block_size or self.drafter.cfg.block_size
+        key = f"fast-b{block}" if choice.fast else "eager"
+        need = prompt_tokens + cfg.max_new_tokens
         eng = self._engines.get(key)
-        if eng is None or eng.max_len < need or eng.compile != self.options.compile:
-            for stale in [k for k in self._engines if k.startswith("fast")]:
-                del self._engines[stale]  # an engine is a reference cycle (its step table): free buffers now
-            gc.collect()
-            from dflash_zoo.cuda.static.fast import FastEngine
-
-            eng = FastEngine(
-                self.adapter,
-                self.drafter,
-                self.mask_token_id,
-                max(need, 2048),
-                block_size=cfg.block_size,
-                compile=self.options.compile,
-            )
+        stale = (
+            choice.fast
+            and eng is not None
+            and (eng.max_len < need or eng.options != self.options.fast_options)
+        )
+        if eng is None or stale:
+            if choice.fast:  # one static engine at a time: an engine is a reference cycle (its step table)
+                for old in [k for k in self._engines if k.startswith("fast")]:
+                    del self._engines[old]
+                gc.collect()  # free its buffers now
+            eng, _ = build_engine(
+                self.adapter, self.drafter, self.mask_token_id, self.options, max(need, 2048), block_size=block,
+                choice=choice,
+            )  # fmt: skip
             self._engines[key] = eng
         return eng
 

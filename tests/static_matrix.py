@@ -7,8 +7,11 @@ that opts into the fast path (adapters/<model_type>.py) is compared automaticall
 
 from __future__ import annotations
 
+from typing import Any
+
 from dflash_zoo.adapters import find_adapter, supported_model_types
 
+from dflash_zoo.engine.options import FastOptions
 from tests.tiny import tiny_drafter, tiny_target
 
 # the families the fast path covered when the layout was introduced: the matrix may grow, never lose them
@@ -30,3 +33,11 @@ def static_pair(model_type: str, device: str = "cpu", **overrides):
     target = tiny_target(model_type, seed=0, **overrides).to(device)
     drafter = tiny_drafter(target, seed=1, taps=[0, 2]).to(device)
     return find_adapter(model_type)(target), drafter
+
+
+def fast_engine(adapter, drafter, mask: int, max_len: int, *, block_size: int | None = None, **choices: Any):
+    """A static engine (built directly: the engine under test) with `FastOptions.from_env(**choices)`: the
+    environment's switches (conftest's `DFLASH_ZOO_TUNE=0` on a GPU) under the test's own choices."""
+    from dflash_zoo.cuda.static.fast import FastEngine
+
+    return FastEngine(adapter, drafter, mask, max_len, FastOptions.from_env(**choices), block_size)

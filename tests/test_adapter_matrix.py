@@ -41,7 +41,7 @@ def _prompt(seed: int, n: int) -> list[int]:
 def test_static_layout_resolves_or_is_not_declared(family):
     """A declared layout finds every module it names in the tiny target; without one the fast path says why."""
     from dflash_zoo.cuda.static.layout import resolve
-    from dflash_zoo.cuda.static.target import unsupported_reason
+    from dflash_zoo.engine.static_support import unsupported_reason
 
     model_type, _, adapter = family
     if adapter.static_layout is None:

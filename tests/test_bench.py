@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from dflash_zoo import demo
 from dflash_zoo.bench import runner as B
 from dflash_zoo.cli import cli
+from dflash_zoo.engine.options import FastOptions
 
 needs_demo = pytest.mark.skipif(not demo.available(), reason="no demo pair (scripts/build_demo_pair.py)")
 
@@ -83,9 +84,29 @@ def test_bench_record_schema_and_projection(monkeypatch):
     }
     prov = rec["provenance"]
     assert prov["argv"] == ["test"] and {"torch", "transformers"} <= set(prov["versions"])
-    assert "commit" in prov["git"] and "gpu" in prov
-    assert prov["environment"] == {"DFLASH_ZOO_MOE_ROWS": "4"}
+    assert "commit" in prov["git"] and "gpu" in prov and "environment" not in prov
+    assert rec["fast_options"]["auto_moe_rows"] == 4  # the fast engine's options, whole, with the switch
+    assert B.benchmeta.record_fast_options(json.loads(json.dumps(rec))) == FastOptions(
+        graphs=None, auto_moe_rows=4
+    )
     json.dumps(rec)  # serialisable as is
+
+
+def test_fast_options_round_trip_through_a_bench_record(tmp_path):
+    """Environment -> `FastOptions` -> the JSON record on disk -> `FastOptions` again, the same; a record written
+    before the options were recorded whole (its provenance's copy of the switches) reads back the same way."""
+    env = {"DFLASH_ZOO_KERNELS": "0", "DFLASH_ZOO_TUNE": "0", "DFLASH_ZOO_MOE_ROWS": "8",
+           "DFLASH_ZOO_GEMV_ROWS": "4", "DFLASH_ZOO_GDN_VERIFY": "chunk", "DFLASH_ZOO_FLA": "0"}  # fmt: skip
+    options = FastOptions.from_env(env, graphs=False, compile=True, compile_options={"max_autotune": True})
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps({"fast_options": options.to_dict()}))
+    back = B.benchmeta.record_fast_options(json.loads(path.read_text()))
+    assert back == options and back.compile_options == {"max_autotune": True}
+    assert back != FastOptions.from_env({}, graphs=False, compile=True)  # the switches made a difference
+    old = {"options": {"graphs": False, "compile": True}, "provenance": {"environment": env}}
+    assert B.benchmeta.record_fast_options(old) == options.with_choices(compile_options=None)
+    future = {"fast_options": {**options.to_dict(), "a_later_field": 1}}  # written by a newer release
+    assert B.benchmeta.record_fast_options(future) == options
 
 
 def test_bench_record_tells_where_real_drafts_leave_the_greedy_output():

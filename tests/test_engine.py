@@ -16,13 +16,14 @@ from dflash_zoo.adapters import get_adapter
 
 from dflash_zoo import demo
 from dflash_zoo.api import Pipeline, load
-from dflash_zoo.cuda.static.fast import FastEngine
-from dflash_zoo.engine.decode import EagerEngine
+from dflash_zoo.engine.drafter import DFlashDrafter
+from dflash_zoo.engine.factory import build_engine
+from dflash_zoo.engine.options import FastOptions
 from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.engine.sampling import Sampler
 from dflash_zoo.engine.select import EngineOptions, choose_engine
 from tests.oracles import reference_dflash
-from tests.static_matrix import EAGER_ONLY_MODEL_TYPES, STATIC_MODEL_TYPES, static_pair
+from tests.static_matrix import EAGER_ONLY_MODEL_TYPES, STATIC_MODEL_TYPES, fast_engine, static_pair
 from tests.test_sampling import N_RUNS, PROMPT, SETTINGS, V, chi_square_pvalue, exact_distribution
 from tests.tiny import VOCAB, tiny_drafter, tiny_target
 
@@ -35,7 +36,7 @@ GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason
     "device, options, split, images, expected",
     [
         ("cuda", EngineOptions(), False, False, "fast"),
-        ("cuda:1", EngineOptions(compile=True), False, False, "fast"),
+        ("cuda:1", EngineOptions(fast_options=FastOptions(compile=True)), False, False, "fast"),
         ("cpu", EngineOptions(), False, False, "eager"),  # auto: the static engine is for CUDA
         ("cpu", EngineOptions(fast=True), False, False, "fast"),  # asked for: static buffers, no graphs
         ("cuda", EngineOptions(fast=False), False, False, "eager"),
@@ -75,6 +76,73 @@ def test_layouts_not_verified_on_cuda_take_the_static_engine_there_only_when_ask
     assert "verified on CPU only" in auto_reason(Unverified) and "fast=True" in auto_reason(Unverified)
 
 
+class StaticlessDrafter(DFlashDrafter):
+    """A drafter architecture the static drafter does not run yet (as DFlash 2's until its static path)."""
+
+    arch = "elsewhere"
+    static_supported = False
+
+
+def test_a_drafter_the_static_engine_cannot_run_goes_to_the_eager_engine():
+    """`static_supported` on the drafter's class decides too: asked for the fast engine, such a pair gets the
+    eager one, with the reason; the factory refuses it where the fast engine is required."""
+    adapter, drafter = static_pair("qwen3")
+    other = StaticlessDrafter(drafter.cfg)
+    assert DFlashDrafter.static_supported and DFlashDrafter.arch == "dflash"
+    for device in ("cpu", "cuda"):
+        assert choose_engine(adapter, device, EngineOptions(fast=True), drafter=drafter).name == "fast"
+        choice = choose_engine(adapter, device, EngineOptions(fast=True), drafter=other)
+        assert choice.name == "eager" and "does not run elsewhere drafters" in choice.reason
+    eng, choice = build_engine(adapter, other, MASK, EngineOptions(fast=True), 64)
+    assert eng.name == "eager" and not choice.fast
+    with pytest.raises(ValueError, match="fast engine cannot run this pair: .*elsewhere"):
+        build_engine(adapter, other, MASK, EngineOptions(fast=True), 64, require="fast")
+    with pytest.raises(ValueError, match="does not run elsewhere"):
+        fast_engine(adapter, other, MASK, 64, graphs=False)  # the engine itself refuses it too
+
+
+def test_the_factory_builds_the_engine_it_chose():
+    """One call chooses and builds: the eager engine off CUDA by default and for fast=False, the static engine
+    when asked for (with the options given, whole), and the eager engine for a family without a layout."""
+    adapter, drafter = static_pair("qwen3")
+    eng, choice = build_engine(adapter, drafter, MASK, EngineOptions(), 64)
+    assert eng.name == choice.name == "eager" and "runs on CUDA by default" in choice.reason
+    options = FastOptions(graphs=False, fuse=False, gemv_rows=4)
+    eng, choice = build_engine(adapter, drafter, MASK, EngineOptions(True, options), 64, block_size=4)
+    assert eng.name == "fast" and eng.options is options and eng.block == 4 and eng.max_len == 64
+    mla = get_adapter("deepseek_v3")(tiny_target("deepseek_v3"))
+    eng, choice = build_engine(mla, tiny_drafter(mla.model, seed=1), MASK, EngineOptions(fast=True), 64)
+    assert eng.name == "eager" and "no static layout declared" in choice.reason
+    with pytest.raises(ValueError, match="no static layout declared"):
+        build_engine(mla, tiny_drafter(mla.model, seed=1), MASK, EngineOptions(fast=True), 64, require="fast")
+
+
+def test_fast_options_read_the_environment_in_one_place():
+    """Every switch users know maps to one field (`ENV`); explicit choices win; bad values are named."""
+    from dflash_zoo.engine.options import ENV
+    from dflash_zoo.errors import ConfigError
+
+    env = {"DFLASH_ZOO_KERNELS": "0", "DFLASH_ZOO_TUNE": "0", "DFLASH_ZOO_MOE_ROWS": "4",
+           "DFLASH_ZOO_GEMV_ROWS": "99", "DFLASH_ZOO_GDN_VERIFY": "chunk", "DFLASH_ZOO_FLA": "0"}  # fmt: skip
+    got = FastOptions.from_env(env)
+    assert set(ENV) == set(env)
+    assert (got.kernels, got.tune, got.auto_moe_rows, got.gemv_rows, got.gdn_verify, got.fla) == (
+        False,
+        False,
+        4,
+        16,
+        "chunk",
+        False,
+    )  # fmt: skip  (GEMV rows clamped to 16, as the variable always was)
+    assert FastOptions.from_env({}) == FastOptions()
+    assert FastOptions.from_env(env, tune=True, compile=True).tune is True
+    assert FastOptions.from_env({"DFLASH_ZOO_GDN_VERIFY": "other"}).gdn_verify == "recurrent"
+    with pytest.raises(ConfigError, match="DFLASH_ZOO_MOE_ROWS='many'"):
+        FastOptions.from_env({"DFLASH_ZOO_MOE_ROWS": "many"})
+    with pytest.raises(ConfigError, match="gdn_verify"):
+        FastOptions(gdn_verify="sometimes")
+
+
 def auto_reason(cls) -> str:
     return choose_engine(cls(tiny_target("qwen3_5_text")), "cuda", EngineOptions()).reason
 
@@ -107,7 +175,7 @@ def test_every_entry_point_goes_through_the_chosen_engine(fast):
 
 def test_load_takes_the_engine_options():
     pipe = load(fast=True, compile=False)  # the embedded demo pair, on CPU
-    assert pipe.options == EngineOptions(fast=True, compile=False)
+    assert pipe.options.fast is True and not pipe.options.compile
     pipe.generate("def f(x):", raw=True, max_new_tokens=4)
     assert pipe.last_choice.name == "fast"
 
@@ -123,7 +191,7 @@ def test_both_engines_give_the_same_tokens_and_steps_through_the_pipeline():
 # ---- streaming --------------------------------------------------------------------------------------------
 def test_the_fast_engine_streams_each_steps_tokens():
     adapter, drafter = static_pair("qwen3")
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False)
     cfg = GenerationConfig(max_new_tokens=30)
     pieces: list[list[int]] = []
     res = eng.speculative(list(range(3, 13)), cfg, on_tokens=pieces.append)
@@ -152,9 +220,11 @@ def test_stopping_early_still_ends_the_timings():
 
 # ---- the full-block drafting rule -------------------------------------------------------------------------
 def _engines(adapter, drafter, mask):
+    """Both engines, through the factory."""
+    fast = EngineOptions(True, FastOptions.from_env(graphs=False))
     return {
-        "eager": EagerEngine(adapter, drafter, mask),
-        "fast": FastEngine(adapter, drafter, mask, max_len=256, graphs=False),
+        "eager": build_engine(adapter, drafter, mask, EngineOptions(fast=False), 256, require="eager")[0],
+        "fast": build_engine(adapter, drafter, mask, fast, 256, require="fast")[0],
     }
 
 
@@ -215,7 +285,7 @@ def test_full_block_rule_on_the_trained_demo_pair(demo_pair, max_new):
 def sampling_engine():
     target = tiny_target("qwen3", seed=3, lm_scale=1.0, vocab_size=V)
     drafter = tiny_drafter(target, seed=4, block_size=4)
-    return target, FastEngine(get_adapter("qwen3")(target), drafter, V - 1, max_len=32, graphs=False)
+    return target, fast_engine(get_adapter("qwen3")(target), drafter, V - 1, max_len=32, graphs=False)
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +347,7 @@ def test_static_engine_with_a_broken_rule_fails_the_same_test(stubborn_engine, e
 
 def test_static_engine_sampling_is_reproducible_per_seed():
     adapter, drafter = static_pair("qwen3", lm_scale=1.0)
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False)
     cfg = GenerationConfig(max_new_tokens=20, temperature=1.0, top_p=0.95, top_k=50)
     runs = [
         eng.speculative(list(range(3, 13)), GenerationConfig(**{**vars(cfg), "seed": s})) for s in (5, 5, 6)
@@ -310,7 +380,7 @@ def test_an_empty_stop_list_turns_the_default_stops_off():
 def test_graphed_sampling_is_reproducible_per_seed_on_gpu():
     """The first generation captures the graphs: it must draw the same numbers as every later one."""
     adapter, drafter = static_pair("qwen3", device="cuda", lm_scale=1.0)
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=True)
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=True)
     prompt = list(range(3, 13))
     runs = [
         eng.speculative(prompt, GenerationConfig(max_new_tokens=24, temperature=1.0, top_p=0.95, seed=s))
@@ -325,7 +395,7 @@ def test_graphed_sampling_is_reproducible_per_seed_on_gpu():
 def test_graphed_sampling_matches_the_target_distribution_on_gpu():
     target = tiny_target("qwen3", seed=3, lm_scale=1.0, vocab_size=V).cuda()
     drafter = tiny_drafter(target, seed=4, block_size=4).cuda()
-    eng = FastEngine(get_adapter("qwen3")(target), drafter, V - 1, max_len=32, graphs=True)
+    eng = fast_engine(get_adapter("qwen3")(target), drafter, V - 1, max_len=32, graphs=True)
     counts, accepted = _static_runs(eng, N_RUNS)
     assert accepted > N_RUNS // 4
     assert chi_square_pvalue(counts, exact_distribution(target.cpu()), N_RUNS) > 1e-3
@@ -335,7 +405,7 @@ def test_graphed_sampling_matches_the_target_distribution_on_gpu():
 @GPU[1]
 def test_graphed_streaming_equals_the_result_on_gpu():
     adapter, drafter = static_pair("qwen3", device="cuda")
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=True)
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=True)
     pieces: list[list[int]] = []
     res = eng.speculative(list(range(3, 13)), GenerationConfig(max_new_tokens=30), on_tokens=pieces.append)
     assert [t for p in pieces for t in p] == res.output_ids and len(pieces) == len(res.steps) + 1

@@ -1,4 +1,4 @@
-"""The static / graphed fast path (fast.py) against the eager reference loop (decode.py), fp32 on CPU.
+"""The static / graphed fast path (cuda/static/) against the eager reference loop (decode.py), fp32 on CPU.
 
 Engines default to fused q/k/v + gate/up weights and `F.rms_norm`; `UNFUSED` is the plain-module baseline.
 The fast-vs-eager comparisons run for every adapter that declares a `static_layout` (tests/static_matrix.py).
@@ -14,18 +14,15 @@ from dflash_zoo.adapters import get_adapter
 from dflash_zoo.adapters.base import GatedMLP, SparseMoE, StaticAttention, StaticLayout
 
 from dflash_zoo.bench.runner import whatif_schedule
-from dflash_zoo.cuda.static.fast import (
-    COMPILE_OPTIONS,
-    COMPILED_DECODE_ATTENTION,
-    FastEngine,
-    unsupported_reason,
-)
+from dflash_zoo.cuda.static.fast import COMPILE_OPTIONS, FastEngine
+from dflash_zoo.cuda.static.kernel_choice import COMPILED_DECODE_ATTENTION
 from dflash_zoo.engine.decode import SpeculativeDecoder, autoregressive_generate
+from dflash_zoo.engine.options import EngineOptions, FastOptions
 from dflash_zoo.engine.results import GenerationConfig
-from dflash_zoo.engine.select import EngineOptions
+from dflash_zoo.engine.static_support import unsupported_reason
 from dflash_zoo.errors import UnsupportedModelError
 from tests.oracles import greedy_reference
-from tests.static_matrix import REQUIRED, STATIC_MODEL_TYPES, static_pair
+from tests.static_matrix import REQUIRED, STATIC_MODEL_TYPES, fast_engine, static_pair
 from tests.tiny import VOCAB, tiny_drafter, tiny_target
 
 MASK = VOCAB - 1
@@ -78,7 +75,7 @@ def test_fast_path_equals_eager_token_for_token(model_type, variant):
     """Static engine == eager loop == eager AR == transformers' greedy `generate`, token for token (fp32)."""
     adapter, drafter = _pair(model_type)
     cfg = GenerationConfig(max_new_tokens=20)
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, **variant)
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False, **variant)
     for prompt in _prompts():
         ref = autoregressive_generate(adapter, prompt, cfg).output_ids
         eager, fast = _eager(adapter, drafter, prompt, cfg), eng.speculative(prompt, cfg)
@@ -94,7 +91,7 @@ def test_forced_acceptance_rollback_agrees(model_type):
     adapter, drafter = _pair(model_type)
     cfg = GenerationConfig(max_new_tokens=27)
     override = whatif_schedule(3.25, BLOCK)
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False)
     prompt = _prompts(1)[0]
     eager, fast = (
         _eager(adapter, drafter, prompt, cfg, override),
@@ -114,7 +111,7 @@ def test_profiling_replays_run_the_real_steps_and_leave_the_engine_as_it_was():
     from dflash_zoo.bench.profile import profile_steps
 
     adapter, drafter = _pair("qwen3")
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False)
     prompt, cfg = _prompts(1)[0], GenerationConfig(max_new_tokens=12)
     before = eng.speculative(prompt, cfg)
     eng.replays(prompt, cfg, "draft")(2)
@@ -143,7 +140,7 @@ def test_profiling_replays_run_the_real_steps_and_leave_the_engine_as_it_was():
 
 def test_engine_is_reusable_and_stops():
     adapter, drafter = _pair("qwen3")
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False)
     prompt = _prompts(1)[0]
     first = eng.speculative(prompt, GenerationConfig(max_new_tokens=12)).output_ids
     stop = first[5]
@@ -160,7 +157,7 @@ def test_the_matrix_holds_the_fast_path_families():
 def test_mixed_dense_and_sparse_moe_layers_equal_eager():
     """`decoder_sparse_step=2`: dense and sparse MoE layers alternate; each runs by the kind the layout finds."""
     adapter, drafter = _pair("qwen3_moe", decoder_sparse_step=2)
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False)
     assert [g is None for g in eng.target.gate_up] == [False, True, False, True]
     prompt, cfg = _prompts(1)[0], GenerationConfig(max_new_tokens=12)
     ref = autoregressive_generate(adapter, prompt, cfg).output_ids
@@ -185,7 +182,7 @@ def test_a_layout_naming_a_missing_module_fails_clearly(case):
     broken = type("BrokenAdapter", (get_adapter("qwen3"),), {"static_layout": layout})  # not registered
     adapter, drafter = _pair("qwen3")
     with pytest.raises(UnsupportedModelError, match="static layout of the 'qwen3' adapter") as exc:
-        FastEngine(broken(adapter.model), drafter, MASK, max_len=64, graphs=False)
+        fast_engine(broken(adapter.model), drafter, MASK, max_len=64, graphs=False)
     assert named in str(exc.value) and "static_layout" in exc.value.hint
 
 
@@ -209,7 +206,7 @@ def test_unsupported_pairs_are_named():
     assert unsupported_reason(adapter) is None
     assert unsupported_reason(adapter, graphs=True) is None  # sampling or not: never a reason
     with pytest.raises(ValueError):
-        FastEngine(hybrid, drafter, MASK, max_len=64)
+        fast_engine(hybrid, drafter, MASK, max_len=64)
 
     moe, _ = _pair("qwen3_moe")  # fp32, transformers' default experts implementation: grouped_mm
     assert unsupported_reason(moe) is None  # uncaptured steps may sync with the host
@@ -222,7 +219,9 @@ def test_unsupported_pairs_are_named():
     moe.model.set_experts_implementation("batched_mm")  # gathers each token's experts
     assert unsupported_reason(moe, graphs=True) is None
     with pytest.raises(ValueError, match="experts implementation"):
-        FastEngine(get_adapter("qwen3_moe")(tiny_target("qwen3_moe")), drafter, MASK, max_len=64, graphs=True)
+        fast_engine(
+            get_adapter("qwen3_moe")(tiny_target("qwen3_moe")), drafter, MASK, max_len=64, graphs=True
+        )
 
 
 def _capturable(adapter):
@@ -239,7 +238,7 @@ def test_cuda_graph_path_equals_eager_fp32(model_type):
     adapter, drafter = _pair(model_type, "cuda")
     _capturable(adapter)
     cfg = GenerationConfig(max_new_tokens=24)
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=True)
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=True)
     _assert_both_paths_equal_ar(eng, adapter, cfg, "cuda")
 
 
@@ -252,11 +251,11 @@ def test_moe_cuda_graphs_equal_eager_fp32_and_capture_in_bf16():
     adapter.model.set_experts_implementation("batched_mm")
     cfg = GenerationConfig(max_new_tokens=24)
     _assert_both_paths_equal_ar(
-        FastEngine(adapter, drafter, MASK, max_len=64, graphs=True), adapter, cfg, "cuda"
+        fast_engine(adapter, drafter, MASK, max_len=64, graphs=True), adapter, cfg, "cuda"
     )
     adapter.model.set_experts_implementation("grouped_mm")
     adapter.model.to(torch.bfloat16), drafter.to(torch.bfloat16)
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=True)
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=True)
     res = eng.speculative(_prompts(1)[0], cfg)
     assert len(res.output_ids) == 24 and eng.capture_seconds > 0
 
@@ -264,7 +263,7 @@ def test_moe_cuda_graphs_equal_eager_fp32_and_capture_in_bf16():
 def test_smaller_block_than_trained():
     adapter, drafter = _pair("llama")
     cfg = GenerationConfig(max_new_tokens=16, block_size=4)
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, block_size=4)
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False, block_size=4)
     prompt = _prompts(1)[0]
     res = eng.speculative(prompt, cfg)
     assert res.output_ids == autoregressive_generate(adapter, prompt, cfg).output_ids
@@ -287,7 +286,7 @@ def test_fused_weights_are_views_and_eager_outputs_are_unchanged(model_type, tmp
     logits = adapter.model(torch.tensor([prompt])).logits
     eager = _eager(adapter, drafter, prompt, cfg)
     sizes = _storage_bytes(adapter.model), _storage_bytes(drafter)
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False)
     assert (_storage_bytes(adapter.model), _storage_bytes(drafter)) == sizes  # no second copy
     i = next(i for i, m in enumerate(eng.target.layers) if m.q is not None)  # the first attention layer
     for attn, fused in (
@@ -299,7 +298,7 @@ def test_fused_weights_are_views_and_eager_outputs_are_unchanged(model_type, tmp
             assert proj.weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr()
     assert torch.equal(adapter.model(torch.tensor([prompt])).logits, logits)  # the HF forward over the views
     assert _eager(adapter, drafter, prompt, cfg).output_ids == eager.output_ids
-    again = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)  # views the fused tensors, no copy
+    again = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False)  # views the fused tensors, no copy
     pairs = [(again.sdraft.gate_up[0], eng.sdraft.gate_up[0])]
     pairs += [(a, b) for a, b in zip(again.target.gate_up, eng.target.gate_up, strict=True) if b][
         :1
@@ -320,7 +319,7 @@ def test_fused_projections_with_bias_equal_eager():
     adapter = get_adapter("llama")(target)
     drafter = tiny_drafter(target, seed=1, taps=[0, 2])
     cfg = GenerationConfig(max_new_tokens=16)
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False)
     assert eng.target.qkv[0].bias is not None and eng.target.gate_up[0].bias is not None
     _assert_both_paths_equal_ar(eng, adapter, cfg)
 
@@ -329,14 +328,14 @@ def test_fused_projections_with_bias_equal_eager():
 @pytest.mark.parametrize("t", [1, 5])
 def test_decode_attention_equals_masked_sdpa(name, t):
     """Every decode attention computes the masked grouped SDPA (fp32, GQA 4:2); hidden keys do not count."""
-    from dflash_zoo.cuda.ops.attention import DECODE_ATTENTION, _group_mask, _grouped_sdpa
+    from dflash_zoo.cuda.ops.attention import DECODE_ATTENTION, group_mask, grouped_sdpa
 
     gen = torch.Generator().manual_seed(0)
     # 32 keys: "chunks" splits them into 16 chunks of 2, and those past key 6 + t are wholly hidden
     q, k, v = (torch.randn(1, n, r, 8, generator=gen) for n, r in ((4, t), (2, 32), (2, 32)))
     positions = torch.arange(6, 6 + t)
-    gmask = _group_mask(torch.arange(32)[None, :] <= positions[:, None], 2, torch.float32)  # [1, 1, 2T, 32]
-    ref = _grouped_sdpa(q, k, v, gmask, 0.3)
+    gmask = group_mask(torch.arange(32)[None, :] <= positions[:, None], 2, torch.float32)  # [1, 1, 2T, 32]
+    ref = grouped_sdpa(q, k, v, gmask, 0.3)
     attend = DECODE_ATTENTION[name]
     torch.testing.assert_close(attend(q, k, v, gmask, 0.3), ref)
     k2 = k.clone()
@@ -347,18 +346,18 @@ def test_decode_attention_equals_masked_sdpa(name, t):
 def test_unknown_decode_attention_is_refused():
     adapter, drafter = _pair("qwen3")
     with pytest.raises(ValueError, match="decode_attention must be one of"):
-        FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, decode_attention="fast")
+        fast_engine(adapter, drafter, MASK, max_len=64, graphs=False, decode_attention="fast")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fast_norm_is_bitwise_hf_rmsnorm(dtype):
-    from dflash_zoo.cuda.static.target import _Norms
+    from dflash_zoo.cuda.static.norms import Norms
 
     norm = tiny_target("qwen3").model.layers[0].input_layernorm.to(dtype)
     with torch.no_grad():
         norm.weight.normal_(1, 0.2)
     x = torch.randn(1, 5, norm.weight.shape[0]).to(dtype)
-    assert torch.equal(_Norms(norm.variance_epsilon, fast=True)(norm, x), norm(x))
+    assert torch.equal(Norms(norm.variance_epsilon, fast=True)(norm, x), norm(x))
 
 
 @pytest.mark.gpu
@@ -369,11 +368,44 @@ def test_compiled_graphed_steps_equal_eager_fp32(model_type, decode_attention):
     adapter, drafter = _pair(model_type, "cuda")
     _capturable(adapter)
     cfg = GenerationConfig(max_new_tokens=24)
-    eng = FastEngine(
+    eng = fast_engine(
         adapter, drafter, MASK, max_len=64, graphs=True, compile=True, decode_attention=decode_attention
     )
     _assert_both_paths_equal_ar(eng, adapter, cfg, "cuda")
     assert eng.compile_seconds > 0 and eng.capture_seconds > 0
+
+
+class _Box:
+    def __init__(self, t: torch.Tensor):
+        self.t = t
+
+    def bump(self) -> None:
+        self.t.add_(1)
+
+
+def test_compiled_steps_get_a_dynamo_cache_of_their_own():
+    """A compiling engine runs its steps over its own copy of their code (`graphs.private_code`): dynamo keeps
+    compiled code per code object, and a cache shared by the engines of two targets made dynamo's recompile
+    check raise (`KeyError: 'language_model'`, a Gemma 4 VLM engine then a Gemma 4 text one). The copy runs
+    the same method; each compiled copy holds its own cache entry and the shared code none."""
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list as entries
+
+    from dflash_zoo.cuda.static.graphs import private_code
+
+    boxes = [_Box(torch.zeros(2)) for _ in range(2)]
+    steps = [private_code(b.bump) for b in boxes]
+    codes = [s.__func__.__code__ for s in steps]
+    assert codes[0] is not codes[1] and all(c is not _Box.bump.__code__ for c in codes)
+    assert all(
+        s.__self__ is b and s.__func__.__qualname__ == "_Box.bump" for s, b in zip(steps, boxes, strict=True)
+    )
+    for step in steps:
+        torch.compile(step, backend="eager", fullgraph=True)()
+    assert [b.t.tolist() for b in boxes] == [[1.0, 1.0], [1.0, 1.0]]
+    assert [len(entries(c)) for c in codes] == [1, 1] and not entries(_Box.bump.__code__)
+    adapter, drafter = _pair("qwen3")
+    eng = fast_engine(adapter, drafter, MASK, 64, graphs=False)
+    assert private_code(eng._ar_step).__func__.__code__ is not FastEngine._ar_step.__code__
 
 
 def test_pipeline_baseline_runs_on_the_same_path_as_generate():
@@ -395,13 +427,15 @@ def test_pipeline_compile_flag_reaches_the_engine():
 
     adapter, drafter = _pair("qwen3")
     pipe = Pipeline(
-        adapter.model, drafter, mask_token_id=MASK, options=EngineOptions(fast=True, compile=True)
+        adapter.model, drafter, mask_token_id=MASK, options=EngineOptions(True, FastOptions(compile=True))
     )
     cfg = pipe.config(max_new_tokens=8)
     eng = pipe.engine(cfg, 8)
     assert eng.compile and eng.compile_seconds == 0.0  # compiled lazily, on the first step
-    assert eng.compile_options == COMPILE_OPTIONS and eng.decode_attention == COMPILED_DECODE_ATTENTION
+    assert (
+        eng.compile_options == COMPILE_OPTIONS and eng.kernels.decode_attention == COMPILED_DECODE_ATTENTION
+    )
     pipe.options = EngineOptions(fast=True)
     plain = pipe.engine(cfg, 8)
-    assert plain is not eng and not plain.compile and plain.decode_attention == "sdpa"
+    assert plain is not eng and not plain.compile and plain.kernels.decode_attention == "sdpa"
     assert pipe.engine(cfg, 8) is plain  # reused while nothing changes

@@ -1,4 +1,4 @@
-"""The Gated-DeltaNet kernels (cuda/gdn_kernels.py, run by `StaticGDN` with `kernel`) against the torch ops they
+"""The Gated-DeltaNet kernels (cuda/ops/gdn.py, run by `StaticGDN` with `kernel`) against the torch ops they
 replace: the conv with its gates and window, the window's commit, the delta rule against transformers' own
 recurrence, and a layer's prefill / step / verify / commit sequence with and without them (fp32, Triton's
 interpreter on CPU). The engine-level comparison with the eager loop is `test_kernels.py`'s split-kernel test."""
@@ -12,8 +12,8 @@ import torch
 import transformers
 from dflash_zoo.adapters import get_adapter
 
-from dflash_zoo.cuda.static import gdn as gdn_ops
-from dflash_zoo.cuda.static.gdn import StaticGDN
+from dflash_zoo.cuda.ops import gdn as gdn_ops
+from dflash_zoo.cuda.static.gdn import StaticGDN, conv_gates
 from dflash_zoo.cuda.static.layout import resolve
 from tests.test_kernels import interpret  # noqa: F401  (fixture)
 from tests.tiny import target_config, tiny_auto_class
@@ -35,10 +35,13 @@ def layer(request):
     return _first_gdn(request.param)
 
 
-def _pair(layer) -> tuple[StaticGDN, StaticGDN]:
-    """(torch ops, kernels) over the same modules, from the same random states."""
+def _pair(layer, verify: str = "recurrent") -> tuple[StaticGDN, StaticGDN]:
+    """(torch ops, kernels) over the same modules, from the same random states; `verify` as
+    `FastOptions.gdn_verify`."""
     m, adapter = layer
-    ref, fast = (StaticGDN(m.gdn, m.gdn_parts, adapter.gdn_split, kernel=k) for k in (False, True))
+    ref, fast = (
+        StaticGDN(m.gdn, m.gdn_parts, adapter.gdn_split, kernel=k, verify=verify) for k in (False, True)
+    )
     assert fast.kernel and not ref.kernel
     gen = torch.Generator().manual_seed(0)
     for a, b in zip(ref.states(), fast.states(), strict=True):
@@ -75,7 +78,7 @@ def test_conv_gates_equal_the_torch_ops(interpret, layer, mode, t):  # noqa: F81
     mixed = _rows(t, ref.conv1d.in_channels, 1)
     b, a = _rows(t, g_mod.num_v_heads, 2), _rows(t, g_mod.num_v_heads, 3) * 3
     _, want = ref._conv_gates(mixed, b, a, mode)
-    got = gdn_ops.conv_gates(mixed, fast.window, fast.conv1d, g_mod, b, a, mode)
+    got = conv_gates(mixed, fast.window, fast.conv1d, g_mod, b, a, mode)
     for name, w, g in zip("q k v g beta".split(), want, got, strict=True):
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5, msg=name)
         assert g.is_contiguous(), name
@@ -141,12 +144,10 @@ def test_delta_rule_is_the_reference_recurrence(interpret, layer, rows):  # noqa
 
 
 @pytest.mark.parametrize("verify", ["chunk", "recurrent"])
-def test_layer_with_kernels_equals_the_torch_layer(interpret, layer, verify, monkeypatch):  # noqa: F811
+def test_layer_with_kernels_equals_the_torch_layer(interpret, layer, verify):  # noqa: F811
     """Prefill, one-row steps, a verify (chunked, or through `delta_rule`) and commits of 3 then all rows:
     outputs and states as the torch ops'."""
-    monkeypatch.setenv("DFLASH_ZOO_GDN_VERIFY", verify)
-    ref, fast = _pair(layer)
-    monkeypatch.delenv("DFLASH_ZOO_GDN_VERIFY")
+    ref, fast = _pair(layer, verify)
     assert _pair(layer)[1].recurrent_verify  # the default
     assert fast.recurrent_verify == (verify == "recurrent")
     for i, (a, b) in enumerate(zip(_run(fast), _run(ref), strict=True)):

@@ -1,4 +1,4 @@
-"""The Triton kernels (kernels.py, fused_ops.py): split-KV attention against masked SDPA, the split-K GEMV
+"""The Triton kernels (cuda/ops/attention.py, fused.py, gemv.py): split-KV attention against masked SDPA, the split-K GEMV
 against `F.linear`, the fused norm + rotary + K/V write, RMSNorm and SwiGLU against the torch ops, all inside
 the fast path, and when the engine picks them.
 
@@ -16,15 +16,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dflash_zoo.cuda.ops import attention_kernels as kernels
+from dflash_zoo.cuda.ops import attention as attn_ops
 from dflash_zoo.cuda.ops import fused as fused_ops
-from dflash_zoo.cuda.ops import gemv
-from dflash_zoo.cuda.ops.attention import _group_mask, _grouped_sdpa, _grouped_split
-from dflash_zoo.cuda.static.fast import FastEngine
-from dflash_zoo.cuda.static.target import Parts
+from dflash_zoo.cuda.ops import gemv, runtime
+from dflash_zoo.cuda.ops.attention import group_mask, grouped_sdpa, grouped_sinks, grouped_split
+from dflash_zoo.cuda.static.linear import Parts
+from dflash_zoo.cuda.static.norms import Norms
 from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.engine.rope import apply_rotary
-from tests.static_matrix import STATIC_MODEL_TYPES
+from tests.static_matrix import STATIC_MODEL_TYPES, fast_engine
 from tests.test_fast import (
     MASK,
     _assert_both_paths_equal_ar,
@@ -72,21 +72,21 @@ CASES = [(2, 4, 64, 200, 137), (2, 64, 128, 256, 250), (1, 3, 80, 70, 40), (3, 5
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_split_attention_equals_masked_sdpa(interpret, case, dtype, tol):
     q, k, v, bias = _case(*case, dtype)
-    out = kernels.split_kv_attention(q, k, v, bias, 0.125)
+    out = attn_ops.split_kv_attention(q, k, v, bias, 0.125)
     assert out.dtype == dtype and out.shape == q.shape
     torch.testing.assert_close(out.float(), _reference(q, k, v, bias, 0.125), atol=tol, rtol=tol)
     # hidden keys do not count, however large
     k[:, case[4] :] = 1e4
     v[:, case[4] :] = -1e4
-    torch.testing.assert_close(out, kernels.split_kv_attention(q, k, v, bias, 0.125))
+    torch.testing.assert_close(out, attn_ops.split_kv_attention(q, k, v, bias, 0.125))
 
 
 def test_wide_heads_split_their_rows_across_launches(interpret, monkeypatch):
     """A [rows, head dim] tile over the on-chip limit (Gemma 4's 512-wide global heads x 8:1 GQA x 16 rows) runs
     in row slices; the result is the same attention."""
-    monkeypatch.setattr(kernels, "MAX_ACCUMULATOR", 16 * 64)  # the slicing of a 128 x 512 tile, at test size
+    monkeypatch.setattr(attn_ops, "MAX_ACCUMULATOR", 16 * 64)  # the slicing of a 128 x 512 tile, at test size
     q, k, v, bias = _case(2, 40, 64, 96, 90, torch.float32)
-    got = kernels.split_kv_attention(q, k, v, bias, 0.125)
+    got = attn_ops.split_kv_attention(q, k, v, bias, 0.125)
     torch.testing.assert_close(got, _reference(q, k, v, bias, 0.125), rtol=1e-5, atol=1e-5)
 
 
@@ -95,53 +95,51 @@ def test_split_attention_writes_token_major_rows(interpret, monkeypatch, wide):
     """With `tokens`, the merge writes grouped row (i, t) of KV head h as query head h g + i of token t: the
     grouped output reordered, also where wide heads run in row slices."""
     if wide:
-        monkeypatch.setattr(kernels, "MAX_ACCUMULATOR", 16 * 64)
+        monkeypatch.setattr(attn_ops, "MAX_ACCUMULATOR", 16 * 64)
     kvh, g, t, hd = 2, 4, 5, 64
     q, k, v, bias = _case(kvh, g * t, hd, 96, 90, torch.float32)
-    grouped = kernels.split_kv_attention(q, k, v, bias, 0.125)  # [kvh, (i, t), hd]
-    got = kernels.split_kv_attention(q, k, v, bias, 0.125, tokens=t)
+    grouped = attn_ops.split_kv_attention(q, k, v, bias, 0.125)  # [kvh, (i, t), hd]
+    got = attn_ops.split_kv_attention(q, k, v, bias, 0.125, tokens=t)
     want = grouped.view(kvh, g, t, hd).permute(2, 0, 1, 3).reshape(t, kvh * g, hd)
     assert got.shape == (t, kvh * g, hd) and torch.equal(got, want)
     assert not torch.equal(got.reshape(-1), grouped.reshape(-1))  # the order did change
 
 
-def test_grouped_split_is_grouped_sdpa(interpret):
-    """The static path's wrapper keeps `_grouped_sdpa`'s GQA row order, for one row and for a block."""
+def testgrouped_split_isgrouped_sdpa(interpret):
+    """The static path's wrapper keeps `grouped_sdpa`'s GQA row order, for one row and for a block."""
     for t in (1, 6):
         gen = torch.Generator().manual_seed(t)
         q, k, v = (torch.randn(1, n, r, 16, generator=gen) for n, r in ((4, t), (2, 96), (2, 96)))
-        gmask = _group_mask(torch.arange(96)[None, :] <= torch.arange(40, 40 + t)[:, None], 2, torch.float32)
-        torch.testing.assert_close(_grouped_split(q, k, v, gmask, 0.3), _grouped_sdpa(q, k, v, gmask, 0.3))
+        gmask = group_mask(torch.arange(96)[None, :] <= torch.arange(40, 40 + t)[:, None], 2, torch.float32)
+        torch.testing.assert_close(grouped_split(q, k, v, gmask, 0.3), grouped_sdpa(q, k, v, gmask, 0.3))
 
 
 def test_split_attention_with_sinks_is_the_sink_softmax(interpret, monkeypatch):
-    """gpt-oss sinks in the split kernel's merge: `_grouped_sinks` for one row and a block, a sliding window
+    """gpt-oss sinks in the split kernel's merge: `grouped_sinks` for one row and a block, a sliding window
     hiding most keys, large and small sinks (one above every score), and rows split over launches."""
-    from dflash_zoo.cuda.ops.attention import _grouped_sinks
-
     for t, sink_scale in ((1, 1.0), (6, 8.0)):
         gen = torch.Generator().manual_seed(10 + t)
         q, k, v = (torch.randn(1, n, r, 16, generator=gen) for n, r in ((4, t), (2, 96), (2, 96)))
         pos = torch.arange(40, 40 + t)[:, None]
         seen = (torch.arange(96)[None, :] <= pos) & (pos - torch.arange(96)[None, :] < 12)  # window 12
-        gmask = _group_mask(seen, 2, torch.float32)
+        gmask = group_mask(seen, 2, torch.float32)
         sinks = torch.randn(4, generator=gen) * sink_scale
-        want = _grouped_sinks(q, k, v, gmask, 0.3, sinks)
-        torch.testing.assert_close(_grouped_split(q, k, v, gmask, 0.3, sinks), want)
-        assert not torch.allclose(_grouped_split(q, k, v, gmask, 0.3), want)  # the sinks changed it
-        monkeypatch.setattr(kernels, "MAX_ACCUMULATOR", 2 * 16)  # two rows a launch: sinks sliced with them
-        torch.testing.assert_close(_grouped_split(q, k, v, gmask, 0.3, sinks), want)
+        want = grouped_sinks(q, k, v, gmask, 0.3, sinks)
+        torch.testing.assert_close(grouped_split(q, k, v, gmask, 0.3, sinks), want)
+        assert not torch.allclose(grouped_split(q, k, v, gmask, 0.3), want)  # the sinks changed it
+        monkeypatch.setattr(attn_ops, "MAX_ACCUMULATOR", 2 * 16)  # two rows a launch: sinks sliced with them
+        torch.testing.assert_close(grouped_split(q, k, v, gmask, 0.3, sinks), want)
         monkeypatch.undo()
 
 
 @pytest.mark.parametrize("keys, heads, sms", [(1152, 8, 132), (33_000, 8, 132), (70, 1, 8), (64, 64, 132)])
 def test_chunking_covers_every_key_in_whole_tiles(keys, heads, sms):
-    size, n = kernels.chunking(keys, heads, sms)
-    assert size % kernels.TILE == 0 and 1 <= n <= kernels.MAX_CHUNKS
+    size, n = attn_ops.chunking(keys, heads, sms)
+    assert size % attn_ops.TILE == 0 and 1 <= n <= attn_ops.MAX_CHUNKS
     assert (n - 1) * size < keys <= n * size  # every key in exactly one chunk, no empty chunk
     # at least half the wanted programs, unless the keys or MAX_CHUNKS run out first
-    want = kernels.PROGRAMS_PER_SM * sms
-    assert 2 * n * heads >= min(want, kernels.MAX_CHUNKS * heads, -(-keys // kernels.TILE) * heads)
+    want = attn_ops.PROGRAMS_PER_SM * sms
+    assert 2 * n * heads >= min(want, attn_ops.MAX_CHUNKS * heads, -(-keys // attn_ops.TILE) * heads)
 
 
 # (out, in): more rows than any tile, a partial K tile, fewer rows than the smallest tile
@@ -395,7 +393,7 @@ def test_gated_attention_layers_take_the_rope_kernel(interpret, model_type):
     layer's one-row output projection leaves its partial sums to the next norm (`Parts`), as attention's o
     projection does (their tokens against the eager loop: `test_fast_path_with_split_kernels_equals_eager`)."""
     adapter, drafter = _pair(model_type)
-    eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, gemv=True, fused_ops=True)
+    eng = fast_engine(adapter, drafter, MASK, max_len=48, graphs=False, gemv=True, fused_ops=True)
     t = eng.target
     attention = [i for i, q in enumerate(t.qkv) if q is not None]
     assert attention and all(t.rope_kernel[i] and t.opts[i].gated for i in attention)
@@ -436,8 +434,6 @@ def _family_norms(n: int):
 def test_rms_norm_kernel_equals_the_fp32_weight_norms(interpret, dtype):
     """The norm kernel with the declared non-Llama formulas equals each family's own module (their weights
     random, rows of 256 and 100); the Llama formula on the same inputs does not."""
-    from dflash_zoo.cuda.static.target import _Norms
-
     gen = torch.Generator().manual_seed(4)
     for n in (256, 100):
         x = (torch.randn(2, 5, n, generator=gen) * 3).to(dtype)
@@ -446,10 +442,10 @@ def test_rms_norm_kernel_equals_the_fp32_weight_norms(interpret, dtype):
                 module.weight.copy_(torch.rand(n, generator=gen) + 0.5)
             module.to(dtype)
             want = module(x)
-            got = _Norms(0.0, fast=False, kernel=True, formula=formula)(module, x)  # eps read off the module
+            got = Norms(0.0, fast=False, kernel=True, formula=formula)(module, x)  # eps read off the module
             tol = 1e-6 if dtype == torch.float32 else 2e-3
             torch.testing.assert_close(got, want, atol=tol, rtol=tol)
-            llama = _Norms(0.0, fast=False, kernel=True)(module, x)
+            llama = Norms(0.0, fast=False, kernel=True)(module, x)
             assert not torch.allclose(llama, want, atol=tol, rtol=tol) or formula == "fp32_weight"
 
 
@@ -575,7 +571,7 @@ def test_fast_path_with_split_kernels_equals_eager(interpret, model_type):
     adapter, drafter = _pair(model_type)
     cfg = GenerationConfig(max_new_tokens=12)
     flags = dict(decode_attention="split", block_attention="split", gemv=True, fused_ops=True)
-    eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, **flags)
+    eng = fast_engine(adapter, drafter, MASK, max_len=48, graphs=False, **flags)
     prompt = _prompts(1)[0]
     eager, fast = _eager(adapter, drafter, prompt, cfg), eng.speculative(prompt, cfg)
     assert fast.output_ids == eager.output_ids == eng.autoregressive(prompt, cfg).output_ids
@@ -585,13 +581,13 @@ def test_fast_path_with_split_kernels_equals_eager(interpret, model_type):
 
 @pytest.mark.parametrize("model_type", ["qwen3", "qwen3_5_text"])
 def test_few_row_kernel_steps_equal_eager(interpret, model_type, monkeypatch):
-    """`DFLASH_ZOO_GEMV_ROWS=16`: the verify, draft and context projections of the target and the drafter (and
-    a hybrid's GDN input projections) run the few-row kernel; tokens and drafts stay the eager loop's (fp32)."""
-    monkeypatch.setenv("DFLASH_ZOO_GEMV_ROWS", "16")
+    """`gemv_rows=16` (`DFLASH_ZOO_GEMV_ROWS=16`): the verify, draft and context projections of the target and
+    the drafter (and a hybrid's GDN input projections) run the few-row kernel; tokens and drafts stay the eager
+    loop's (fp32)."""
     adapter, drafter = _pair(model_type)
     cfg = GenerationConfig(max_new_tokens=12)
-    flags = dict(decode_attention="split", block_attention="split", gemv=True, fused_ops=True)
-    eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, **flags)
+    flags = dict(decode_attention="split", block_attention="split", gemv=True, fused_ops=True, gemv_rows=16)
+    eng = fast_engine(adapter, drafter, MASK, max_len=48, graphs=False, **flags)
     prompt = _prompts(1)[0]
     calls, real = [], gemv._gemv_parts
     monkeypatch.setattr(gemv, "_gemv_parts", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
@@ -610,13 +606,13 @@ def test_custom_ops_trace_under_torch_compile(interpret):
     qkv = torch.randn(1, (4 + 2 * 2) * 16, generator=gen)
     k, v = (torch.randn(2, 64, 16, generator=gen) for _ in range(2))
     cos, sin, pos = torch.ones(1, 16), torch.zeros(1, 16), torch.tensor([30])
-    gmask = _group_mask(torch.arange(64)[None, :] <= torch.tensor([[30]]), 2, torch.float32)
+    gmask = group_mask(torch.arange(64)[None, :] <= torch.tensor([[30]]), 2, torch.float32)
     w = torch.randn(24, 64, generator=gen)
     gate, scale = torch.randn(1, 1, 64, generator=gen), torch.randn(1, 1, 24, generator=gen)
 
     def step(qkv, k, v, gmask, w, gate, scale):  # attention [1, 1, 64], a SwiGLU-style down projection to 24
         q = fused_ops.rope_store(qkv, None, None, cos, sin, pos, k, v, 4, 1e-6)  # [4, 1, 16]; k, v row 30 set
-        att = fused_ops.rms_norm(_grouped_split(q[None], k[None], v[None], gmask, 0.25), w[0], 1e-6)
+        att = fused_ops.rms_norm(grouped_split(q[None], k[None], v[None], gmask, 0.25), w[0], 1e-6)
         out = gemv.gemv(att, w, None, fused_ops.silu_mul(gate, att))
         return out * scale  # a [1, 1, 24] operand: a wrong fake shape fails the trace
 
@@ -632,34 +628,44 @@ def test_split_attention_off_cuda_is_refused(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     adapter, drafter = _pair("qwen3")
     with pytest.raises(ValueError, match="block_attention='split': the Triton kernels need a CUDA device"):
-        FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, block_attention="split")
+        fast_engine(adapter, drafter, MASK, max_len=64, graphs=False, block_attention="split")
     with pytest.raises(ValueError, match="block_attention must be one of"):
-        FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, block_attention="sums")
+        fast_engine(adapter, drafter, MASK, max_len=64, graphs=False, block_attention="sums")
     with pytest.raises(ValueError, match="gemv: the Triton kernels need a CUDA device"):
-        FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, gemv=True)
+        fast_engine(adapter, drafter, MASK, max_len=64, graphs=False, gemv=True)
     with pytest.raises(ValueError, match="fused_ops: the Triton kernels need a CUDA device"):
-        FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, fused_ops=True)
+        fast_engine(adapter, drafter, MASK, max_len=64, graphs=False, fused_ops=True)
 
 
 @pytest.mark.parametrize("compile", [False, True])
 def test_kernel_defaults_on_cuda_and_the_escape_hatch(monkeypatch, compile):
-    """On a CUDA device with triton the kernels are the default; DFLASH_ZOO_KERNELS=0 restores the previous
-    paths; explicit choices stand either way; CPU never picks them (no device is touched here)."""
+    """On a CUDA device with triton the kernels are the default; `kernels=False` (DFLASH_ZOO_KERNELS=0) restores
+    the previous paths; explicit choices stand either way; CPU never picks them (no device is touched here)."""
     pytest.importorskip("triton")
-    from dflash_zoo.cuda.static.fast import COMPILED_DECODE_ATTENTION, _kernel_choice
+    from dflash_zoo.cuda.static.kernel_choice import COMPILED_DECODE_ATTENTION, choose_kernels
+    from dflash_zoo.engine.options import FastOptions
+
+    def choice(device, env=None, **chosen):
+        k = choose_kernels(device, FastOptions.from_env(env or {}, compile=compile, **chosen))
+        return k.decode_attention, k.block_attention, k.gemv, k.fused_ops
 
     cuda = torch.device("cuda")
     # fused_ops only uncompiled: compiled, inductor fuses those ops itself
-    assert _kernel_choice(cuda, compile, None, None, None, None) == ("split", "split", True, not compile)
-    assert _kernel_choice(cuda, compile, "sdpa", "sdpa", False, False) == ("sdpa", "sdpa", False, False)
-    assert _kernel_choice(cuda, compile, None, None, None, True)[3]
-    monkeypatch.setenv("DFLASH_ZOO_KERNELS", "0")
+    assert choice(cuda) == ("split", "split", True, not compile)
+    explicit = dict(decode_attention="sdpa", block_attention="sdpa", gemv=False, fused_ops=False)
+    assert choice(cuda, **explicit) == ("sdpa", "sdpa", False, False)
+    assert choice(cuda, fused_ops=True)[3]
+    off = {"DFLASH_ZOO_KERNELS": "0"}
     plain = (COMPILED_DECODE_ATTENTION if compile else "sdpa", "sdpa", False, False)
-    assert _kernel_choice(cuda, compile, None, None, None, None) == plain
-    assert _kernel_choice(cuda, compile, None, "split", True, True) == (plain[0], "split", True, True)
-    monkeypatch.delenv("DFLASH_ZOO_KERNELS")
+    assert choice(cuda, off) == plain
+    assert choice(cuda, off, block_attention="split", gemv=True, fused_ops=True) == (
+        plain[0],
+        "split",
+        True,
+        True,
+    )
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert _kernel_choice(torch.device("cpu"), compile, None, None, None, None) == plain
+    assert choice(torch.device("cpu")) == plain
 
 
 @pytest.mark.gpu
@@ -668,7 +674,7 @@ def test_kernel_defaults_on_cuda_and_the_escape_hatch(monkeypatch, compile):
 def test_split_attention_bf16_on_cuda(case):
     q, k, v, bias = _case(*case, torch.bfloat16, "cuda")
     ref = _reference(q, k, v, bias, 0.125)
-    out = kernels.split_kv_attention(q, k, v, bias, 0.125)
+    out = attn_ops.split_kv_attention(q, k, v, bias, 0.125)
     sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.125)
     # no further from the fp32 reference than bf16 SDPA is, give or take a bf16 rounding of the output
     assert (out.float() - ref).abs().max() <= (sdpa.float() - ref).abs().max() + 2**-7
@@ -710,33 +716,31 @@ def test_rms_norm_and_silu_mul_bf16_on_cuda():
 
 
 def test_tuning_is_on_for_cuda_tensors_unless_switched_off(monkeypatch):
+    from dflash_zoo.engine.options import FastOptions
+
     cuda_like, cpu = types.SimpleNamespace(is_cuda=True), torch.zeros(1)
     monkeypatch.setattr(
         torch.cuda, "is_current_stream_capturing", lambda: False
     )  # a CPU torch has no streams
-    monkeypatch.setenv("DFLASH_ZOO_TUNE", "1")
-    assert gemv.tunes(cuda_like) and not gemv.tunes(cpu)
-    monkeypatch.setenv("DFLASH_ZOO_TUNE", "0")
-    assert not gemv.tunes(cuda_like)
-    monkeypatch.delenv("DFLASH_ZOO_TUNE")
-    assert gemv.tunes(cuda_like)
+    assert runtime.tunes(cuda_like) and not runtime.tunes(cpu)
+    assert not runtime.tunes(cuda_like, tune=False)
+    assert FastOptions.from_env({"DFLASH_ZOO_TUNE": "0"}).tune is False  # the switch users set
+    assert FastOptions.from_env({"DFLASH_ZOO_TUNE": "1"}).tune and FastOptions.from_env({}).tune
 
 
 @pytest.mark.gpu
 @CUDA
-def test_untuned_kernels_take_their_first_config_on_cuda(monkeypatch):
-    monkeypatch.setenv("DFLASH_ZOO_TUNE", "0")
+def test_untuned_kernels_take_their_first_config_on_cuda():
     x, w = torch.randn(1, 1, 384, device="cuda"), torch.randn(200, 384, device="cuda")
     tuned = dict(gemv._tuned)
-    assert gemv._gemv_config(x, w, None) == gemv.GEMV_CONFIGS[0] and gemv._tuned == tuned
+    assert gemv._gemv_config(x, w, None, tune=False) == gemv.GEMV_CONFIGS[0] and gemv._tuned == tuned
 
 
 @pytest.mark.gpu
 @CUDA
-def test_gemv_bf16_on_cuda_is_tuned_and_close(monkeypatch):
+def test_gemv_bf16_on_cuda_is_tuned_and_close():
     """The tuner times every config once per shape; the fused SiLU input is rounded as torch's; the result is
     as close to fp32 as cuBLAS's bf16 GEMV is."""
-    monkeypatch.setenv("DFLASH_ZOO_TUNE", "1")
     for rows, (n, k) in itertools.product((1, 16), [(4096, 12288), (4096, 4096), (100, 300)]):
         x, gate = (torch.randn(1, rows, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
@@ -756,7 +760,7 @@ def test_split_kernels_graphed_engine_equals_eager_fp32(model_type, compile):
     adapter, drafter = _pair(model_type, "cuda")
     _capturable(adapter)
     flags = dict(decode_attention="split", block_attention="split", gemv=True)
-    eng = FastEngine(adapter, drafter, MASK, 64, graphs=True, compile=compile, **flags)
+    eng = fast_engine(adapter, drafter, MASK, 64, graphs=True, compile=compile, **flags)
     _assert_both_paths_equal_ar(eng, adapter, GenerationConfig(max_new_tokens=24), "cuda")
 
 
@@ -764,12 +768,10 @@ def test_split_kernels_graphed_engine_equals_eager_fp32(model_type, compile):
 @CUDA
 def test_fp32_weight_and_gated_norms_bf16_on_cuda():
     """The non-Llama norm formulas in bf16 on the GPU: as close to each family's module as one rounding."""
-    from dflash_zoo.cuda.static.target import _Norms
-
     for formula, module in _family_norms(4096):
         module.cuda().to(torch.bfloat16)
         x = torch.randn(16, 4096, device="cuda").to(torch.bfloat16) * 3
-        got = _Norms(0.0, fast=False, kernel=True, formula=formula)(module, x)
+        got = Norms(0.0, fast=False, kernel=True, formula=formula)(module, x)
         assert (got.float() - module(x).float()).abs().max() <= 2**-6 * module(x).float().abs().max()
 
 
@@ -804,10 +806,9 @@ def test_nucleus_kernel_and_sorted_rule_keep_the_defined_set(interpret, top_p):
 
 @pytest.mark.gpu
 @CUDA
-def test_add_rms_norm_and_gemv_parts_bf16_on_cuda(monkeypatch):
+def test_add_rms_norm_and_gemv_parts_bf16_on_cuda():
     """bf16 on the GPU: the fused residual add is torch's add bitwise; the norm and the summed partials of a
     tuned GEMV are within a rounding of `rms_norm` over `gemv`'s output."""
-    monkeypatch.setenv("DFLASH_ZOO_TUNE", "1")
     gen = torch.Generator("cuda").manual_seed(6)
     n, k = 4096, 12288
     x, delta = (torch.randn(1, 16, n, generator=gen, device="cuda").bfloat16() for _ in range(2))
@@ -848,8 +849,6 @@ def test_nucleus_on_cuda_keeps_the_sorted_rule_set(top_p):
 @pytest.mark.parametrize("t", [1, 16])
 def test_split_attention_with_sinks_on_cuda(t):
     """The compiled merge with sinks: fp32 as the explicit sink softmax (gpt-oss's 64 heads over 8 K/V heads)."""
-    from dflash_zoo.cuda.ops.attention import _grouped_sinks
-
     gen = torch.Generator("cuda").manual_seed(t)
     q = torch.randn(1, 64, t, 64, generator=gen, device="cuda")
     k, v = (torch.randn(1, 8, 1152, 64, generator=gen, device="cuda") for _ in range(2))
@@ -857,11 +856,11 @@ def test_split_attention_with_sinks_on_cuda(t):
     seen = (torch.arange(1152, device="cuda")[None, :] <= pos) & (
         pos - torch.arange(1152, device="cuda") < 128
     )
-    gmask = _group_mask(seen, 8, torch.float32)
+    gmask = group_mask(seen, 8, torch.float32)
     sinks = torch.randn(64, generator=gen, device="cuda") * 3
     torch.testing.assert_close(
-        _grouped_split(q, k, v, gmask, 0.125, sinks),
-        _grouped_sinks(q, k, v, gmask, 0.125, sinks),
+        grouped_split(q, k, v, gmask, 0.125, sinks),
+        grouped_sinks(q, k, v, gmask, 0.125, sinks),
         atol=2e-5,
         rtol=2e-5,
     )

@@ -1,4 +1,4 @@
-"""The kernels of cuda/moe.py: a sparse block's routing rule against its router module, and its routed experts,
+"""The kernels of cuda/ops/moe.py (run by cuda/static/moe.py): a sparse block's routing rule against its router module, and its routed experts,
 pair by pair, against the experts module's own forward (every MoE family with a static layout: plain, biased
 and transposed, interleaved and clamped gate/up, shared experts, a router with extra arguments), with the
 declared activation in the down kernel and without; and inside the static engine for one-row and verify steps.
@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from dflash_zoo.cuda.ops import moe
-from dflash_zoo.cuda.static.fast import FastEngine
+from dflash_zoo.cuda.static import moe as static_moe
 from dflash_zoo.cuda.static.layout import resolve
+from dflash_zoo.cuda.static.layout_moe import ExpertGate
+from dflash_zoo.cuda.static.linear import Parts
 from dflash_zoo.engine.results import GenerationConfig
-from tests.static_matrix import STATIC_MODEL_TYPES, static_pair
+from tests.static_matrix import STATIC_MODEL_TYPES, fast_engine, static_pair
 from tests.test_fast import MASK, _eager, _prompts
 from tests.test_kernels import interpret  # noqa: F401  (fixture)
 
@@ -72,7 +74,7 @@ def test_routed_experts_equal_the_module(interpret, model_type, rows):  # noqa: 
             _, weights, index = p.router(x, *p.router_args)
             want = p.experts(x, index, weights)
             for gate in {None, p.gate}:
-                got = moe.routed(p.experts, x, index, weights, gate)
+                got = static_moe.routed(p.experts, x, index, weights, gate)
                 assert got.shape == want.shape and got.dtype == want.dtype
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * scale)
 
@@ -131,7 +133,7 @@ def test_rows_sharing_their_experts(interpret, model_type, rows):  # noqa: F811
         for index in (same, mixed):
             want = p.experts(x, index, weights)
             torch.testing.assert_close(
-                moe.routed(p.experts, x, index, weights, p.gate), want, rtol=1e-5, atol=1e-5
+                static_moe.routed(p.experts, x, index, weights, p.gate), want, rtol=1e-5, atol=1e-5
             )
 
 
@@ -145,7 +147,7 @@ def test_a_wrong_expert_is_caught(interpret, model_type, rows):  # noqa: F811
         _, weights, index = p.router(x, *p.router_args)
         wrong = (index + 1) % p.experts.gate_up_proj.shape[0]
         want = p.experts(x, index, weights)
-        assert not torch.allclose(moe.routed(p.experts, x, wrong, weights, p.gate), want, atol=1e-4)
+        assert not torch.allclose(static_moe.routed(p.experts, x, wrong, weights, p.gate), want, atol=1e-4)
 
 
 @pytest.mark.parametrize("moe_rows", [1, pytest.param(16, marks=pytest.mark.slow)])  # 16: ~15 s each
@@ -154,7 +156,7 @@ def test_engine_with_the_expert_gemv_equals_eager(interpret, model_type, moe_row
     """One-row steps (the default), and verify steps too: tokens and drafts as the eager loop (fp32)."""
     adapter, drafter = static_pair(model_type)
     cfg = GenerationConfig(max_new_tokens=12)
-    eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, moe_rows=moe_rows)
+    eng = fast_engine(adapter, drafter, MASK, max_len=48, graphs=False, moe_rows=moe_rows)
     prompt = _prompts(1)[0]
     eager, fast = _eager(adapter, drafter, prompt, cfg), eng.speculative(prompt, cfg)
     assert fast.output_ids == eager.output_ids == eng.autoregressive(prompt, cfg).output_ids
@@ -163,18 +165,20 @@ def test_engine_with_the_expert_gemv_equals_eager(interpret, model_type, moe_row
 
 def test_one_row_experts_are_summed_by_the_next_norm(interpret, monkeypatch):  # noqa: F811
     """With the norm kernels on, a one-row step's weighted expert slices go to the next residual add unsummed
-    (`static.Parts`) where nothing reads the layer's output before it; tokens stay the eager loop's (fp32)."""
+    (`Parts`) where nothing reads the layer's output before it; tokens stay the eager loop's (fp32)."""
     adapter, drafter = static_pair("gpt_oss")  # the top-k-then-softmax rule and the clamped gate, in kernels
-    eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, gemv=True, fused_ops=True)
+    eng = fast_engine(adapter, drafter, MASK, max_len=48, graphs=False, gemv=True, fused_ops=True)
     assert any(eng.target.fold_down) and not all(eng.target.fold_down)  # tap layers keep their sums
-    seen, real = [], moe.routed_parts
-    monkeypatch.setattr(moe, "routed_parts", lambda *a, **k: seen.append(a[1].shape[0]) or real(*a, **k))
+    seen, real = [], static_moe.routed_parts
+    monkeypatch.setattr(
+        static_moe, "routed_parts", lambda *a, **k: seen.append(a[1].shape[0]) or real(*a, **k)
+    )
     cfg = GenerationConfig(max_new_tokens=6)
     prompt = _prompts(1)[0]
     assert eng.autoregressive(prompt, cfg).output_ids == _eager(adapter, drafter, prompt, cfg).output_ids
     # every one-row step, and the short prompt (at most moe_rows rows; longer prefills run the module's experts)
     sparse = sum(m.moe_parts is not None for m in eng.target.layers)
-    assert seen.count(1) == (cfg.max_new_tokens - 1) * sparse and max(seen) <= eng.moe_rows
+    assert seen.count(1) == (cfg.max_new_tokens - 1) * sparse and max(seen) <= eng.kernels.moe_rows
 
 
 @pytest.mark.parametrize("rows", [1, 3])
@@ -186,7 +190,9 @@ def test_moe_ops_trace_under_torch_compile(interpret, rows):  # noqa: F811
 
     def block(x):
         weights, index = moe.route(x @ w.T + b, p.routing.top_k, p.routing.rule, p.routing.renormalize)
-        return moe.routed_parts(p.experts, x, index, weights, p.gate).sum(0) * 2  # a wrong fake shape fails
+        return (
+            static_moe.routed_parts(p.experts, x, index, weights, p.gate).sum(0) * 2
+        )  # a wrong fake shape fails
 
     x = _inputs(adapter, rows, 5)
     with torch.no_grad():
@@ -200,8 +206,9 @@ def test_moe_rows_off_cuda_needs_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     adapter, drafter = static_pair("qwen3_moe")
     with pytest.raises(ValueError, match="moe_rows"):
-        FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, moe_rows=1)
-    assert FastEngine(adapter, drafter, MASK, max_len=48, graphs=False).moe_rows == 0  # off by default on CPU
+        fast_engine(adapter, drafter, MASK, max_len=48, graphs=False, moe_rows=1)
+    eng = fast_engine(adapter, drafter, MASK, max_len=48, graphs=False)
+    assert eng.kernels.moe_rows == 0  # off by default on CPU
 
 
 @pytest.mark.gpu
@@ -219,10 +226,10 @@ def test_expert_gemv_bf16_on_cuda_is_close_and_captures(model_type, rows):
         want = p.experts(x, index, weights)  # the module in bf16
         ref = p.experts.float()(x.float(), index, weights.float())
         p.experts.to(torch.bfloat16)
-        got = moe.routed(p.experts, x, index, weights, p.gate)
+        got = static_moe.routed(p.experts, x, index, weights, p.gate)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            replayed = moe.routed(p.experts, x, index, weights, p.gate)
+            replayed = static_moe.routed(p.experts, x, index, weights, p.gate)
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(replayed, got)
@@ -238,7 +245,7 @@ def test_gemma4_experts_beside_the_dense_mlp_through_the_gemv(interpret):  # noq
     from tests.test_static_families import GEMMA_VARIANTS
 
     adapter, drafter = static_pair("gemma4", **GEMMA_VARIANTS["moe_branch"])
-    eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, moe_rows=16)
+    eng = fast_engine(adapter, drafter, MASK, max_len=48, graphs=False, moe_rows=16)
     layer = eng.target.layers[0]
     router, experts = layer.moe_branch[:2]
     x = torch.randn(3, adapter.text_config.hidden_size, generator=torch.Generator().manual_seed(1))
@@ -246,17 +253,18 @@ def test_gemma4_experts_beside_the_dense_mlp_through_the_gemv(interpret):  # noq
         for p in (router.scale, router.per_expert_scale):  # away from their initial ones
             p.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(2))
         _, weights, index = router(x)
-        got_w, got_i = eng.target._branch_route(
+        got_w, got_i = eng.target.moe.branch_route(
             layer.branch_routing, router, x
         )  # the declared router's parts
         want = experts(x, index, weights)
-        torch.testing.assert_close(moe.routed(experts, x, index, weights), want)
+        torch.testing.assert_close(static_moe.routed(experts, x, index, weights), want)
         # the declared activation (GELU's tanh form) computed in the down kernel
         assert layer.branch_gate is not None and layer.branch_gate.kind == "gelu_tanh"
         torch.testing.assert_close(
-            moe.routed(experts, x * 3, index, weights, layer.branch_gate), experts(x * 3, index, weights)
+            static_moe.routed(experts, x * 3, index, weights, layer.branch_gate),
+            experts(x * 3, index, weights),
         )
-        silu = moe.routed(experts, x * 3, index, weights, moe.ExpertGate("silu"))
+        silu = static_moe.routed(experts, x * 3, index, weights, ExpertGate("silu"))
         assert not torch.allclose(silu, experts(x * 3, index, weights), rtol=1e-3, atol=1e-4)
     assert torch.equal(got_i, index) and got_w.dtype == weights.dtype == torch.float32
     torch.testing.assert_close(got_w, weights, rtol=1e-6, atol=1e-7)
@@ -275,18 +283,16 @@ def test_one_row_shared_expert_folds_beside_the_routed_slices(interpret, model_t
     """A gated shared expert in a one-row step: its gate's logit and the router's logits further outputs of its
     fused gate/up GEMV, its down GEMV's sums scaled by the gate's sigmoid and handed to the next norm with the
     routed slices (`Parts.more`); their total is the block's output, and tokens stay the eager loop's (fp32)."""
-    from dflash_zoo.cuda.static.target import Parts
-
     adapter, drafter = static_pair(model_type)
-    eng = FastEngine(adapter, drafter, MASK, max_len=48, graphs=False, gemv=True, fused_ops=True)
+    eng = fast_engine(adapter, drafter, MASK, max_len=48, graphs=False, gemv=True, fused_ops=True)
     t = eng.target
     folded = [i for i, m in enumerate(t.layers) if m.moe_parts is not None and t.fold_down[i]]
-    assert folded and all(t.shared_extra[i] == (True, True) for i in folded)
+    assert folded and all(t.moe.shared_extra[i] == (True, True) for i in folded)
     experts = t.layers[folded[0]].moe_parts.router.weight.shape[0]
-    assert t.shared_gate_up[folded[0]].sizes[2:] == [1, experts]
+    assert t.moe.shared_gate_up[folded[0]].sizes[2:] == [1, experts]
     x = torch.randn(1, 1, adapter.text_config.hidden_size, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        got = t._sparse(folded[0], x)
+        got = t.moe.sparse(folded[0], x, t.fold_down[folded[0]])
         want = t.layers[folded[0]].mlp(x)
     assert isinstance(got, Parts) and got.more is not None
     torch.testing.assert_close(

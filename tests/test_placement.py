@@ -1,4 +1,4 @@
-"""Multi-device placement (placement.py): the balance rule, the plan's rules, and lossless output once placed.
+"""Multi-device placement (cuda/placement/): the balance rule, the plan's rules, and lossless output once placed.
 
 On CPU the split is ["cpu", "cpu"]: no tensor changes device, but every hook runs, so these tests check the
 plan, the module moves and that hooks leave outputs unchanged. A real cross-device run needs two GPUs (marked).
@@ -14,13 +14,8 @@ import torch
 from dflash_zoo.adapters import get_adapter, supported_model_types
 
 from dflash_zoo.api import Pipeline, load
-from dflash_zoo.cuda.placement.plan import (
-    apply_placement,
-    balance,
-    module_bytes,
-    parse_devices,
-    plan_placement,
-)
+from dflash_zoo.cuda.placement.hooks import apply_placement
+from dflash_zoo.cuda.placement.plan import balance, module_bytes, parse_devices, plan_placement
 from dflash_zoo.engine.decode import autoregressive_generate
 from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.engine.select import EngineOptions

@@ -1,4 +1,4 @@
-"""The sandwich-norm residual kernel (cuda/sandwich.py) against Gemma 4's modules and torch ops."""
+"""The sandwich-norm residual kernel (cuda/ops/sandwich.py) against Gemma 4's modules and torch ops."""
 
 from __future__ import annotations
 
@@ -93,14 +93,13 @@ def test_gemma4_31b_and_26b_layouts_graphed_on_cuda_fp32(variant):
     """The Gemma 4 31B / 26B-A4B layouts (K = V global layers; the experts beside the dense MLP) through every
     kernel on the GPU, CUDA graphs on, fp32: the sandwich kernel runs every layer, and speculative and
     autoregressive decoding equal plain greedy decoding."""
-    from dflash_zoo.cuda.static.fast import FastEngine
     from dflash_zoo.engine.results import GenerationConfig
-    from tests.static_matrix import static_pair
+    from tests.static_matrix import fast_engine, static_pair
     from tests.test_fast import _assert_both_paths_equal_ar
     from tests.test_static_families import GEMMA_VARIANTS, MASK
 
     adapter, drafter = static_pair("gemma4", "cuda", **GEMMA_VARIANTS[variant])
     adapter.model.set_experts_implementation("batched_mm")  # fp32 `grouped_mm` would sync (the prefill's)
-    eng = FastEngine(adapter, drafter, MASK, 64, graphs=True, fused_ops=True, gemv=True, moe_rows=16)
+    eng = fast_engine(adapter, drafter, MASK, 64, graphs=True, fused_ops=True, gemv=True, moe_rows=16)
     assert all(eng.target.sandwich)
     _assert_both_paths_equal_ar(eng, adapter, GenerationConfig(max_new_tokens=24), "cuda")

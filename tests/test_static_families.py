@@ -1,6 +1,6 @@
 """The static engine's layer kinds beyond plain full attention, against transformers' own modules (fp32, CPU).
 
-- Gated-DeltaNet layers (cuda/gdn.py): a verify followed by `commit(n)` must leave the conv window and the
+- Gated-DeltaNet layers (cuda/static/gdn.py): a verify followed by `commit(n)` must leave the conv window and the
   recurrent state where n one-row steps would have, for every n, and the one-row steps must match
   transformers' cached decode of the same module;
 - sliding windows and sinks (gpt-oss): generations run well past the window, and a window or sinks left out
@@ -14,11 +14,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dflash_zoo.cuda.static.fast import FastEngine
 from dflash_zoo.cuda.static.gdn import StaticGDN
 from dflash_zoo.engine.results import GenerationConfig
 from tests.oracles import greedy_reference
-from tests.static_matrix import STATIC_MODEL_TYPES, static_pair
+from tests.static_matrix import STATIC_MODEL_TYPES, fast_engine, static_pair
 from tests.tiny import VOCAB
 
 MASK = VOCAB - 1
@@ -31,7 +30,7 @@ def test_the_hybrid_and_sliding_families_are_in_the_matrix():
 
 def _gdn_layer(model_type: str) -> tuple[StaticGDN, torch.nn.Module, int]:
     adapter, drafter = static_pair(model_type)
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False)
     i = next(i for i, g in enumerate(eng.target.gdn) if g is not None)
     return eng.target.gdn[i], adapter.layers()[i], adapter.text_config.hidden_size
 
@@ -90,7 +89,7 @@ def test_gpt_oss_generation_runs_past_the_window_with_sinks():
     text = adapter.text_config
     prompt, new = list(range(3, 15)), 24
     assert text.sliding_window < len(prompt) < len(prompt) + new  # the window fills up early
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False)
     sinks = [m.sinks for m in eng.target.layers]
     assert all(s is not None and s.abs().sum() > 0 for s in sinks)
     assert [m.window for m in eng.target.layers] == [text.sliding_window if t == "sliding_attention" else None
@@ -107,12 +106,12 @@ def test_gpt_oss_window_and_sinks_change_the_logits(drop):
     ids = torch.tensor([list(range(3, 23))])
     with torch.inference_mode():
         want = adapter.model(ids).logits
-        eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+        eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False)
         pos = torch.zeros((), dtype=torch.long)
         got = eng.target.forward(ids, pos, prefill=True)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         eng.target.layers = [m._replace(**{drop: None}) for m in eng.target.layers]
-        eng.target.masked_prefill = True  # keep the masked path: only the dropped feature differs
+        eng.target.kv.masked_prefill = True  # keep the masked path: only the dropped feature differs
         off = eng.target.forward(ids, pos, prefill=True)
     assert not torch.allclose(off, want, rtol=1e-3, atol=1e-3)
 
@@ -122,7 +121,7 @@ def test_verify_commit_verify_logits_equal_transformers(model_type):
     """Logits, not tokens (a tiny target may repeat one token): prefill, verify a block, commit part of it
     (1, 3 or all 8 rows), verify again past the window, against transformers' forward on the committed ids."""
     adapter, drafter = static_pair(model_type)
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False)
     t = eng.target
     gen = torch.Generator().manual_seed(7)
     prompt, *blocks = (torch.randint(0, MASK, (1, n), generator=gen) for n in (10, 8, 8, 8))
@@ -160,13 +159,13 @@ def test_gemma4_31b_and_26b_layouts(variant, kernels):
     if kernels:
         pytest.importorskip("triton")
     adapter, drafter = static_pair("gemma4", **GEMMA_VARIANTS[variant])
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, **(KERNELS if kernels else {}))
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False, **(KERNELS if kernels else {}))
     layers = eng.target.layers
     assert all(eng.target.rope_kernel) == kernels
     assert all(eng.target.sandwich) == kernels  # each residual add with its norms in one kernel (sandwich.py)
     if variant == "k_eq_v":
         full = [i for i, m in enumerate(layers) if m.kind == "full_attention"]
-        assert full and all(layers[i].v is None and eng.target.k[i].shape[1] == 1 for i in full)
+        assert full and all(layers[i].v is None and eng.target.kv.k[i].shape[1] == 1 for i in full)
     else:
         assert all(m.moe_branch is not None for m in layers)
     gen = torch.Generator().manual_seed(3)
@@ -188,7 +187,7 @@ def test_gemma4_31b_and_26b_layouts(variant, kernels):
     )
 
 
-# families whose own attention layers stay off the rotary + K/V kernel, and why (`static._rope_kernel`)
+# families whose own attention layers stay off the rotary + K/V kernel, and why (`qkv.rope_kernel`)
 NO_ROPE_KERNEL = {"minimax_m2": "its q/k norms span all heads at once, not one head"}
 # the dense MLPs' activation in the GEMV (`gemv.ACTS`; 0: no dense MLP, or not one of the kernels')
 GATE_ACT = {"gemma4": 3, "gemma4_text": 3, "gemma4_unified": 3, "gpt_oss": 0, "minimax_m2": 0}
@@ -205,16 +204,16 @@ def test_each_family_takes_the_fused_kernels(model_type):
     `variance_epsilon` in 5.25) must not silently drop a family to the slower torch path."""
     pytest.importorskip("triton")
     adapter, drafter = static_pair(model_type)
-    t = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False, **KERNELS).target
+    t = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False, **KERNELS).target
     own_attention = [m.q is not None and m.kv_source is None for m in t.layers]  # GDN and KV-shared: not
     assert any(own_attention)
     want = [own and model_type not in NO_ROPE_KERNEL for own in own_attention]
     assert t.rope_kernel == want
     # Gemma 4's sandwich norms: one kernel per residual add, unless the layer adds a per-layer input
     assert t.sandwich == [model_type.startswith("gemma4") and m.per_layer is None for m in t.layers]
-    assert t.gate_act == GATE_ACT.get(model_type, 1)
+    assert t.mlp.gate_act == GATE_ACT.get(model_type, 1)
     assert [m.moe_parts is not None for m in t.layers] == [model_type in MOE] * len(t.layers)
-    assert set(t.shared_extra) == {(model_type in SHARED_EXPERT,) * 2}
+    assert set(t.moe.shared_extra) == {(model_type in SHARED_EXPERT,) * 2}
     gdn = [
         g for g in t.gdn if g is not None
     ]  # Gated-DeltaNet layers: the conv / delta-rule and gated-norm kernels
@@ -223,13 +222,14 @@ def test_each_family_takes_the_fused_kernels(model_type):
 
 def test_gemma4_kv_shared_layers_read_their_source_buffers():
     adapter, drafter = static_pair("gemma4_text")  # the tiny E2B-like config: the last 2 layers share K/V
-    eng = FastEngine(adapter, drafter, MASK, max_len=64, graphs=False)
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False)
     shared = [i for i, m in enumerate(eng.target.layers) if m.kv_source is not None]
     assert shared == [4, 5]
     for i in shared:
         src = eng.target.layers[i].kv_source
         assert eng.target.layers[src].kind == eng.target.layers[i].kind and src < 4
-        assert eng.target.k[i] is eng.target.k[src] and eng.target.v[i] is eng.target.v[src]
+        kv = eng.target.kv
+        assert kv.k[i] is kv.k[src] and kv.v[i] is kv.v[src]
     assert eng.target.per_layer  # per-layer inputs are on in this config
 
 
@@ -239,10 +239,10 @@ def test_sliding_rings_wrap_and_stay_exact(model_type):
     prompt longer than the ring, 20 verify / commit rounds with random accepts run past position 128 (each ring
     wraps twice), and every verify's logits equal transformers' forward on the committed ids."""
     adapter, drafter = static_pair(model_type)
-    eng = FastEngine(adapter, drafter, MASK, max_len=256, graphs=False)
+    eng = fast_engine(adapter, drafter, MASK, max_len=256, graphs=False)
     t = eng.target
-    rings = {r for r in t.ring if r}
-    assert rings == {64} and t.k[0].shape[2] == 64 and max(k.shape[2] for k in t.k) > 64
+    rings = {r for r in t.kv.ring if r}
+    assert rings == {64} and t.kv.k[0].shape[2] == 64 and max(k.shape[2] for k in t.kv.k) > 64
     gen = torch.Generator().manual_seed(11)
     prompt = torch.randint(0, MASK, (1, 70), generator=gen)  # longer than the ring
     kept = [prompt]

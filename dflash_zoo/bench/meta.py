@@ -9,12 +9,13 @@ A mixture-of-experts layer streams only the experts its rows route to: with E ex
 rows (1 for an autoregressive step, the block size B for a DFlash verify), uniform independent routing reads
 E (1 - (1 - k/E)^n) distinct experts on average (`expected_distinct_experts`); dense parts, routers and shared
 experts always count.
-Provenance: argv, git commit, package versions, GPU, registry entry (so a record can be reproduced).
+Provenance: argv, git commit, package versions, GPU, registry entry (so a record can be reproduced); the fast
+engine's options sit whole beside it (`fast_options`; `record_fast_options` reads them back, from older records'
+`provenance.environment` too).
 """
 
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 import time
@@ -176,17 +177,6 @@ def _version(pkg: str) -> str | None:
         return None
 
 
-# environment variables that change what the fast engine runs (a record names those that were set)
-ENGINE_SWITCHES = (
-    "DFLASH_ZOO_KERNELS",
-    "DFLASH_ZOO_GEMV_ROWS",
-    "DFLASH_ZOO_MOE_ROWS",
-    "DFLASH_ZOO_FLA",
-    "DFLASH_ZOO_GDN_VERIFY",
-    "DFLASH_ZOO_TUNE",
-)
-
-
 def provenance(argv: list[str], device: torch.device) -> dict[str, Any]:
     """argv, git commit, package versions, GPU: everything needed to reproduce or distrust a number."""
     import transformers
@@ -212,10 +202,21 @@ def provenance(argv: list[str], device: torch.device) -> dict[str, Any]:
             "triton": _version("triton"),  # the fast path's kernels (kernels.py) on CUDA
         },
         "gpu": gpu,
-        "environment": {k: os.environ[k] for k in ENGINE_SWITCHES if k in os.environ},
         "host": platform.node(),
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def record_fast_options(record: dict[str, Any]) -> Any:
+    """The `FastOptions` a bench record ran with: its `fast_options`, or for a record written before they were
+    recorded whole, the environment switches its provenance copied (`FastOptions.from_env` of those)."""
+    from dflash_zoo.engine.options import FastOptions
+
+    if "fast_options" in record:
+        return FastOptions.from_dict(record["fast_options"])
+    old = record.get("options", {})
+    env = record.get("provenance", {}).get("environment", {})
+    return FastOptions.from_env(env, graphs=old.get("graphs"), compile=bool(old.get("compile", False)))
 
 
 def default_out(name: str) -> Path:

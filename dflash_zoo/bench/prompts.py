@@ -95,21 +95,6 @@ def token_ids(
     return [prompt_ids(r, tokenizer, raw, chat, prompt_tokens) for r in ps.records]
 
 
-# how to fix a line of a prompt file that the target cannot hold (bench --prompts, eval --data)
-LONG_LINE_HINT = "shorten or drop that line (text lines use their first --prompt-tokens tokens)"
-
-
-def refuse_long_prompts(lengths: list[int], names: list[str], positions: int | None, hint: str) -> None:
-    """Refuse, naming it, the first prompt the target cannot hold (`positions`: max_position_embeddings)."""
-    from dflash_zoo.errors import InvalidArgumentError
-
-    for n, name in zip(lengths, names, strict=True):
-        if positions is not None and n >= positions:
-            raise InvalidArgumentError(
-                f"{name}: the prompt is {n:,} tokens; the target holds {positions:,} positions", hint=hint
-            )
-
-
 def past_positions(longest: int, new_tokens: int, positions: int | None) -> str | None:
     """A warning when the longest prompt plus `new_tokens` runs past the target's positions, else None."""
     if positions is None or longest + new_tokens <= positions:
@@ -126,6 +111,8 @@ def check_positions(
 ) -> str | None:
     """Refuse a prompt of the bench (one fixed `prompt`, or `prompts` read from `ps`) the target cannot hold;
     a warning when the longest plus `new_tokens` runs past its positions (None when all fit)."""
+    from dflash_zoo.training.evaluate import LONG_LINE_HINT, refuse_long_prompts
+
     if ps is None:
         refuse_long_prompts([len(prompt)], ["the fixed bench prompt"], positions, "lower --prompt-tokens")
     else:

@@ -2,7 +2,9 @@
 
 Sources: a real pair (`--target/--draft` or a registry id, via `api.load`), the embedded demo pair, or a
 random-weight target of a named shape (`shapes.py`, from published config.json files; nothing is downloaded).
-Paths: `eager` (decode.py, the reference) and `fast` (fast.py: static caches + CUDA graphs).
+Paths: `eager` (decode.py, the reference) and `fast` (cuda/static/fast.py: static caches + CUDA graphs), each
+built by the engine factory (engine/factory.py) with the fast engine's options from the environment
+(`FastOptions.from_env`, with `graphs` and `compile` from the bench options), written whole into the record.
 Reported per path and mode: tok/s (median over repeats), speedup, mean acceptance length + histogram, time to
 first token, peak GPU memory, and the fraction of the bandwidth roofline (streamed weight bytes over a device
 copy bandwidth measured in the same run). `what_if_acceptance` forces the accept decision to a schedule with
@@ -28,9 +30,9 @@ from dflash_zoo.bench import meta as benchmeta
 from dflash_zoo.bench.shapes import CODER_MOE, SHAPES, Shape, shape_target  # noqa: F401 (re-exported)
 from dflash_zoo.bench.shapes import shape_drafter as _random_drafter
 from dflash_zoo.cuda.ops import gemv, moe
-from dflash_zoo.engine.decode import EagerEngine
+from dflash_zoo.engine.factory import build_engine
+from dflash_zoo.engine.options import EngineOptions, FastOptions
 from dflash_zoo.engine.results import GenerationConfig, GenerationResult, first_difference
-from dflash_zoo.engine.run import Engine
 
 log = logging.getLogger("dflash_zoo")
 SCHEMA = "dflash-zoo.bench/1"
@@ -110,7 +112,8 @@ def random_subject(
     positions = max(40960, opts.prompt_tokens + opts.new_tokens + 64)
     placement = None
     if devices:
-        from dflash_zoo.cuda.placement.plan import apply_placement, materialise, module_bytes, plan_placement
+        from dflash_zoo.cuda.placement.hooks import apply_placement, materialise
+        from dflash_zoo.cuda.placement.plan import module_bytes, plan_placement
 
         model = shape_target(s, "meta", dtype, positions)
         adapter = get_adapter(s.model_type)(model)
@@ -210,22 +213,18 @@ def _measure(
     }
 
 
-def _runners(path: str, sub: Subject, cfg: GenerationConfig, override, max_len: int, opts: BenchOptions):
-    """(autoregressive, dflash) callables for one engine ("eager" or "fast"), and the engine."""
-    if path == "eager":
-        eng: Engine = EagerEngine(sub.adapter, sub.drafter, sub.mask_token_id)
-    else:
-        from dflash_zoo.cuda.static.fast import FastEngine
+def fast_options(opts: BenchOptions) -> FastOptions:
+    """The fast engine's options for a bench: the environment's, with the bench's `graphs` and `compile`."""
+    return FastOptions.from_env(graphs=opts.graphs, compile=opts.compile)
 
-        eng = FastEngine(
-            sub.adapter,
-            sub.drafter,
-            sub.mask_token_id,
-            max_len,
-            opts.graphs,
-            cfg.block_size,
-            compile=opts.compile,
-        )
+
+def _runners(path: str, sub: Subject, cfg: GenerationConfig, override, max_len: int, fast: FastOptions):
+    """(autoregressive, dflash) callables for one engine ("eager" or "fast"), and the engine."""
+    options = EngineOptions(fast=path == "fast", fast_options=fast)
+    eng, _ = build_engine(
+        sub.adapter, sub.drafter, sub.mask_token_id, options, max_len, block_size=cfg.block_size,
+        split=sub.placement is not None, require=path,
+    )  # fmt: skip
     ar, spec = (
         (lambda p=sub.prompt: eng.autoregressive(p, cfg)),
         (lambda p=sub.prompt: eng.speculative(p, cfg, accept_override=override)),
@@ -234,18 +233,20 @@ def _runners(path: str, sub: Subject, cfg: GenerationConfig, override, max_len: 
 
 
 def _engine_settings(eng: Any) -> dict[str, Any]:
-    """What the fast path ran with, for the record (inductor options only when compiled)."""
+    """What the fast path ran with, for the record: the kernels chosen for the device from its options (those
+    are in `fast_options`), the inductor options when compiled, and the kernels' tuned configs."""
+    k = eng.kernels
     return {
         "graphs": eng.graphs,
         "compile": eng.compile,
         "compile_options": eng.compile_options if eng.compile else None,
-        "decode_attention": eng.decode_attention,
-        "block_attention": eng.block_attention,
-        "gemv": eng.gemv,
-        "gemv_configs": gemv.tuned_configs() if eng.gemv else None,  # (rows, K tile, programs/SM, warps)
-        "fused_ops": eng.fused_ops,
-        "moe_rows": eng.moe_rows,
-        "expert_configs": moe.tuned_configs() if eng.moe_rows else None,  # (rows, K tile, warps)
+        "decode_attention": k.decode_attention,
+        "block_attention": k.block_attention,
+        "gemv": k.gemv,
+        "gemv_configs": gemv.tuned_configs() if k.gemv else None,  # (rows, K tile, programs/SM, warps)
+        "fused_ops": k.fused_ops,
+        "moe_rows": k.moe_rows,
+        "expert_configs": moe.tuned_configs() if k.moe_rows else None,  # (rows, K tile, warps)
     }
 
 
@@ -272,10 +273,11 @@ def run_bench(sub: Subject, opts: BenchOptions, argv: list[str] | None = None) -
     )
     bw = benchmeta.copy_bandwidth(device)
     wbytes = benchmeta.weight_bytes(sub.adapter, sub.drafter, block)
+    fast = fast_options(opts)
     results: dict[str, Any] = {}
     for path in opts.paths:
         log.info("bench: %s path", path)
-        ar_fn, spec_fn, eng = _runners(path, sub, cfg, override, len(sub.prompt) + new_tokens, opts)
+        ar_fn, spec_fn, eng = _runners(path, sub, cfg, override, len(sub.prompt) + new_tokens, fast)
         if sub.prompts:  # each repeat decodes the whole set; a warm-up only its longest prompt (`sub.prompt`)
             ar, spec = (_measure(over_set(f, sub.prompts), opts, devices, warm=f) for f in (ar_fn, spec_fn))
         else:
@@ -317,5 +319,6 @@ def run_bench(sub: Subject, opts: BenchOptions, argv: list[str] | None = None) -
         "subject": {**sub.source, "prompt_tokens": len(sub.prompt), "weight_bytes": wbytes},  # longest prompt
         "device": {"type": device.type, "copy_bandwidth_bytes_per_s": bw},
         "results": results,
+        "fast_options": fast.to_dict(),  # how the fast path was asked to run (`FastOptions.from_dict` reads it)
         "provenance": benchmeta.provenance(argv if argv is not None else sys.argv, device),
     }

@@ -24,36 +24,15 @@ from dflash_zoo.engine import outdir
 from dflash_zoo.engine.config import DraftConfig, load_draft_config
 from dflash_zoo.engine.drafter import DFlashDrafter
 from dflash_zoo.engine.outdir import OWNER, OWNER_KEY
-from dflash_zoo.errors import (
-    CheckpointError,
-    DrafterFormatError,
-    NotFoundError,
-    looks_like_path,
-    missing_directory,
-)
-
-DRAFT_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json"]
-# what a target needs: configs, weights, tokenizer files and chat templates
-TARGET_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+from dflash_zoo.errors import CheckpointError, DrafterFormatError, missing_directory
 
 
-def resolve_dir(
-    source: str | os.PathLike, revision: str | None = None, patterns: list[str] | None = None
-) -> Path:
-    """A local directory as is; otherwise a Hub repo id fetched (or found offline) in the HF cache."""
+def _directory(source: str | os.PathLike) -> Path:
+    """A drafter's local directory (a Hub id is resolved to one first: `dflash_zoo.sources.resolve_dir`)."""
     path = Path(source).expanduser()
-    if path.is_dir():
-        return path
-    text = str(source)
-    if path.exists() or looks_like_path(text):
-        raise missing_directory(text)
-    if text.count("/") != 1:
-        raise NotFoundError(
-            f"{text} is neither a local directory nor a Hub repo id", hint="check the path or id"
-        )
-    from dflash_zoo.zoo.hub import snapshot
-
-    return snapshot(text, revision=revision, allow_patterns=patterns or DRAFT_FILES)
+    if not path.is_dir():
+        raise missing_directory(str(source))
+    return path
 
 
 def _weight_files(directory: Path) -> list[Path]:
@@ -95,14 +74,12 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def load_drafter(
-    source: str | os.PathLike,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
-    revision: str | None = None,
+    source: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> DFlashDrafter:
-    """Build the drafter its config declares (dflash_zoo/drafters) from a local directory or Hub id, and load
-    every weight strictly: a missing, unconsumed, mis-shaped or non-finite tensor refuses the checkpoint."""
-    directory = resolve_dir(source, revision)
+    """Build the drafter its config declares (dflash_zoo/drafters) from a local directory, and load every weight
+    strictly: a missing, unconsumed, mis-shaped or non-finite tensor refuses the checkpoint. (A Hub id:
+    `dflash_zoo.load_drafter`, which fetches it first.)"""
+    directory = _directory(source)
     cfg = load_draft_config(directory)
     with torch.device("meta"):
         model = drafters.build(cfg)

@@ -20,7 +20,7 @@ import torch
 
 from dflash_zoo.engine.drafter import DFlashDrafter, DraftKV, Span
 from dflash_zoo.engine.results import GREEDY_RULE, SAMPLING_RULE, GenerationConfig, GenerationResult
-from dflash_zoo.engine.run import AcceptOverride, Engine, Generation, OnTokens, Run, verify_width
+from dflash_zoo.engine.run import AcceptOverride, Engine, Generation, Run, verify_width
 from dflash_zoo.engine.sampling import Sampler, new_generator
 
 if TYPE_CHECKING:
@@ -155,18 +155,6 @@ class EagerEngine(Engine):
     def _autoregressive(self, prompt_ids, cfg) -> Generation:
         cfg = cfg.validated(self.drafter.cfg.block_size)
         return _Autoregressive(self.adapter, prompt_ids, cfg, next(self.drafter.parameters()).device)
-
-
-def speculative_generate(
-    adapter: TargetAdapter,
-    drafter: DFlashDrafter,
-    prompt_ids: list[int],
-    cfg: GenerationConfig,
-    mask_token_id: int,
-    on_tokens: OnTokens | None = None,
-) -> GenerationResult:
-    """Run the eager loop to the end; `on_tokens` is called with each step's committed tokens."""
-    return EagerEngine(adapter, drafter, mask_token_id).speculative(prompt_ids, cfg, on_tokens)
 
 
 def autoregressive_generate(

@@ -3,8 +3,8 @@
 An `Engine` turns prompt ids into a `GenerationResult`, speculatively or one token at a time; `start` gives a
 `Generation` to iterate (each item is the list of tokens committed by one step, for streaming), `speculative`
 and `autoregressive` run one to the end. Two engines implement it: the eager loop over the target's own
-transformers forward (`engine/decode.py`) and the static-buffer engine with CUDA graphs (`cuda/fast.py`);
-`engine/select.py` picks one.
+transformers forward (`engine/decode.py`) and the static-buffer engine with CUDA graphs
+(`cuda/static/fast.py`); `engine/select.py` picks one and `engine/factory.py` builds it.
 
 `Run` owns what must not differ between engines: stop tokens, truncation at `max_new_tokens`, the step
 records and the timings. Its drafting rule is the upstream one: every step drafts the drafter's whole block

@@ -29,14 +29,19 @@ def _softmax(x: torch.Tensor) -> torch.Tensor:
     return e / e.sum(-1, keepdim=True)
 
 
+def _kernels_run(device: torch.device) -> bool:
+    from dflash_zoo.cuda.ops.runtime import available
+
+    return available(device) is None
+
+
 def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """[..., V] probabilities -> top-p filtered and renormalised: keep token i when the mass of the tokens
     strictly more probable than i is below top_p (the top token always stays; ties stay or go together).
-    On CUDA without a sort (`cuda/nucleus.py`); elsewhere from the sorted probabilities."""
-    from dflash_zoo.cuda.ops import attention_kernels as kernels
-
+    On CUDA without a sort (`cuda/ops/nucleus.py`: a kernel op, below this module in the import layers, loaded
+    only on CUDA); elsewhere from the sorted probabilities."""
     flat = probs.reshape(-1, probs.shape[-1])
-    if flat.is_cuda and kernels.available(flat.device) is None:
+    if flat.is_cuda and _kernels_run(flat.device):
         from dflash_zoo.cuda.ops.nucleus import nucleus_mask
 
         kept = nucleus_mask(flat.float(), top_p)

@@ -1,10 +1,13 @@
 """The one place that decides which engine runs a generation, and says why.
 
-The static engine (`cuda/fast.py`) runs when the target sits whole on one CUDA device, its adapter declares a
-static layout, and the prompt carries no prefill-only inputs (images); a layout not yet verified on CUDA
-(`StaticLayout.cuda_verified`) runs there only when asked for (`fast=True`). Everything else runs the eager engine
-(`engine/decode.py`), which serves every family, device and placement. Greedy and sampling, streaming or not,
-what-if acceptance and smaller block sizes are all served by both, so they never decide the engine.
+The static engine (`cuda/static/fast.py`) runs when the target sits whole on one CUDA device, its adapter
+declares a static layout, the drafter's architecture has a static drafter (`static_supported`), and the prompt
+carries no prefill-only inputs (images); a layout not yet verified on CUDA (`StaticLayout.cuda_verified`) runs
+there only when asked for (`fast=True`). Everything else runs the eager engine (`engine/decode.py`), which serves
+every family, drafter, device and placement. Greedy and sampling, streaming or not, what-if acceptance and
+smaller block sizes are all served by both, so they never decide the engine. The answers about the static
+engine come from `static_support.py` (declarations only: nothing here loads the CUDA wing); `factory.py`
+builds the engine chosen.
 """
 
 from __future__ import annotations
@@ -12,17 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dflash_zoo.engine.options import EngineOptions
+from dflash_zoo.engine.static_support import cuda_unverified_reason, drafter_reason, unsupported_reason
+
 if TYPE_CHECKING:
     from dflash_zoo.adapters.base import TargetAdapter
 
-
-@dataclass(frozen=True)
-class EngineOptions:
-    """What the caller asks for. fast: True (static engine wherever it can run, CPU included: no graphs
-    there), False (always eager), None (auto: the static engine on CUDA). compile: `torch.compile` its steps."""
-
-    fast: bool | None = None
-    compile: bool = False
+__all__ = ["EngineChoice", "EngineOptions", "choose_engine"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +41,7 @@ def choose_engine(
     device: Any,
     options: EngineOptions,
     *,
+    drafter: Any = None,
     split: bool = False,
     prefill_inputs: bool = False,
 ) -> EngineChoice:
@@ -51,6 +51,8 @@ def choose_engine(
         adapter: the target's adapter (its static layout decides whether the static engine can run it).
         device: where the target runs (a `torch.device` or its name).
         options: the caller's `EngineOptions`.
+        drafter: the drafter (its class's `static_supported` decides whether the static drafter runs it);
+            None: not known yet (a target-only question, as `bench` asks before it has a drafter).
         split: the target is split across devices (CUDA graphs and static buffers need one device).
         prefill_inputs: the prompt has prefill-only inputs (image pixels), which the static engine does not take.
     """
@@ -65,10 +67,10 @@ def choose_engine(
     elif prefill_inputs:
         reason = "image inputs run on the eager engine"
     else:
-        from dflash_zoo.cuda.static.layout import cuda_unverified_reason
-        from dflash_zoo.cuda.static.target import unsupported_reason
-
-        reason = unsupported_reason(adapter, graphs=cuda)
+        graphs = options.fast_options.graphs
+        reason = unsupported_reason(adapter, graphs=cuda if graphs is None else graphs)
+        if reason is None and drafter is not None:
+            reason = drafter_reason(drafter)
         unverified = cuda_unverified_reason(adapter) if cuda and options.fast is None else None
         if reason is None and unverified is not None:
             return EngineChoice("eager", f"auto: {unverified} (fast=True runs it)")

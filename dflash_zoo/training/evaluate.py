@@ -131,13 +131,27 @@ def evaluate(
     return res
 
 
+# how to fix a line of a prompt file that the target cannot hold (eval --data, bench --prompts)
+LONG_LINE_HINT = "shorten or drop that line (text lines use their first --prompt-tokens tokens)"
+
+
+def refuse_long_prompts(lengths: list[int], names: list[str], positions: int | None, hint: str) -> None:
+    """Refuse, naming it, the first prompt the target cannot hold (`positions`: max_position_embeddings)."""
+    from dflash_zoo.errors import InvalidArgumentError
+
+    for n, name in zip(lengths, names, strict=True):
+        if positions is not None and n >= positions:
+            raise InvalidArgumentError(
+                f"{name}: the prompt is {n:,} tokens; the target holds {positions:,} positions", hint=hint
+            )
+
+
 def load_prompts(
     path: str, tokenizer: Any, raw: bool, chat_kwargs: dict, prompt_tokens: int, limit: int | None,
     positions: int | None = None,
 ) -> list[list[int]]:  # fmt: skip
     """Prompt token ids for every record of a JSONL file (see `data.prompt_ids`); a prompt of `positions`
     tokens or more (the target's max_position_embeddings) is refused before any is run, naming its line."""
-    from dflash_zoo.bench.prompts import LONG_LINE_HINT, refuse_long_prompts
     from dflash_zoo.training.data import prompt_ids, read_jsonl
 
     if tokenizer is None:

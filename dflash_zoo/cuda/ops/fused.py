@@ -1,4 +1,4 @@
-"""Triton kernels for the elementwise work between a step's GEMMs (`FastEngine(fused_ops=True)`).
+"""Triton kernels for the elementwise work between a step's GEMMs (`FastOptions.fused_ops`).
 
 Why: in a CUDA-graphed step every kernel costs ~2 us whatever it does, and at several rows (a 16-row verify or
 draft) the views out of a fused projection are strided, so torch runs the small ops through its generic,
@@ -26,7 +26,7 @@ import functools
 
 import torch
 
-from dflash_zoo.cuda.ops.attention_kernels import _pow2
+from dflash_zoo.cuda.ops.runtime import pow2
 
 
 @functools.cache
@@ -81,7 +81,7 @@ def rope_store(
     qw, kw = (q_weight, k_weight) if norm else (qkv, qkv)  # unread without NORM
     _kernels()[0][(t, heads + 2 * kvh)](
         qkv, qw, kw, cos, sin, positions, q, k_cache, v_cache, t, qkv.shape[-1], keys, heads, kvh, hd,
-        cos.shape[-1], eps, qspan, offset, splits, D=_pow2(hd), NORM=norm, FP32_WEIGHT=fp32_weight, V_NORM=v_norm,
+        cos.shape[-1], eps, qspan, offset, splits, D=pow2(hd), NORM=norm, FP32_WEIGHT=fp32_weight, V_NORM=v_norm,
         K_EQ_V=k_eq_v, PARTS=parts,
     )  # fmt: skip
     return q
@@ -97,7 +97,7 @@ def _norm_launch(x, delta, bias, weight, gate, total, y, eps, fp32_weight, offse
                  more: torch.Tensor | None = None, post: float = 1.0):  # fmt: skip
     """One `rms_norm` program per row; with `delta` the residual add first (into `total`)."""
     n = x.shape[-1]
-    d = _pow2(n)
+    d = pow2(n)
     add = delta is not None
     _kernels()[1][(x.numel() // n,)](
         x, delta if add else x, more if more is not None else x, bias if bias is not None else weight, weight, gate,
@@ -117,7 +117,7 @@ def rms_norm(
     gate: torch.Tensor | None = None,
     post: float = 1.0,
 ) -> torch.Tensor:
-    """x [..., n] -> RMSNorm [..., n]; weight [n]. Llama's formula, weight * normed(x).to(dtype) (`static._Norms`),
+    """x [..., n] -> RMSNorm [..., n]; weight [n]. Llama's formula, weight * normed(x).to(dtype) (`static.norms`),
     or with `fp32_weight` (normed(x) * (offset + weight)).to(dtype), all in fp32: gpt-oss and Gemma 4 (offset 0),
     Qwen3.5 / Qwen3-Next (offset 1, their zero-centred weights). With `gate` [..., n] the result is then
     multiplied by silu(gate) in fp32 and rounded (the gated norm of Gated-DeltaNet layers); with `post`, by
@@ -144,7 +144,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if g.stride(-1) != 1 or u.stride(-1) != 1:
         g, u = g.contiguous(), u.contiguous()
     y = gate.new_empty(g.shape)
-    block = min(1024, _pow2(n))
+    block = min(1024, pow2(n))
     _kernels()[2][(g.shape[0], -(-n // block))](g, u, y, n, g.stride(0), u.stride(0), BLOCK=block)
     return y.view(gate.shape)
 

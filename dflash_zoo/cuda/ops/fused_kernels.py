@@ -1,4 +1,4 @@
-"""The Triton kernels of fused_ops.py (imported on first use, so that importing fused_ops.py needs no triton),
+"""The Triton kernels of fused.py (imported on first use, so that importing fused.py needs no triton),
 and `slices_sum`, which the sandwich kernel shares."""
 
 import triton

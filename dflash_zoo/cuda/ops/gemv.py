@@ -8,9 +8,10 @@ HF's `act_fn(gate) * up` for SiLU or GELU's tanh form (`ACTS`), computed in the 
 (the activation, then the product, each rounded to the dtype).
 The tile configuration is timed once per shape on CUDA (`_gemv_config`), outside graph capture, against cuBLAS
 too where a plain output is wanted (the faster runs). `gemv_parts` stops before the sum: the next residual add
-sums the slices (`fused_ops.add_rms_norm`). 2..16 rows run a tensor-core variant of the same split
-(`gemm_part`), used by the static path only when `DFLASH_ZOO_GEMV_ROWS` asks (in a 16-row step it gave no
-clear gain over cuBLAS, docs/performance.md).
+sums the slices (`fused.add_rms_norm`). 2..16 rows run a tensor-core variant of the same split
+(`gemm_part`), used by the static path only when `FastOptions.gemv_rows` asks (`DFLASH_ZOO_GEMV_ROWS`; in a
+16-row step it gave no clear gain over cuBLAS, docs/performance.md). `tune` (`FastOptions.tune`) off: each
+kernel's first config, untimed.
 
 Torch custom ops, so `torch.compile` sees one opaque call and CUDA graphs capture the launches. They run on
 CUDA, or anywhere under Triton's interpreter (`TRITON_INTERPRET=1`, CPU tests). Triton is imported on first use.
@@ -20,12 +21,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import torch
 import torch.nn.functional as F
 
-from dflash_zoo.cuda.ops.attention_kernels import _pow2, _sms
+from dflash_zoo.cuda.ops.runtime import graph_ms, pow2, sms, tunes
 
 log = logging.getLogger("dflash_zoo")
 
@@ -57,13 +57,6 @@ GEMV_CONFIGS = [
 ROWS = 16  # the most rows `gemv` takes to its own kernels
 
 
-def max_rows() -> int:
-    """Projections of at most this many rows run `gemv` (timed against cuBLAS): one by default, as 16-row
-    steps measured slower with the tensor-core kernel than with cuBLAS on the Qwen3-8B shape
-    (docs/performance.md); `DFLASH_ZOO_GEMV_ROWS` (up to ROWS) moves the switch, for measurements."""
-    return min(ROWS, max(1, int(os.environ.get("DFLASH_ZOO_GEMV_ROWS", "1"))))
-
-
 # few rows (2..ROWS): (output columns per program, K per iteration, programs per SM, warps, pipeline stages);
 # per_sm 1 at wide N gives one K slice, whose program writes the output itself (no partial sums, no second
 # kernel). Two or three stages: at 16 rows the best of them beat cuBLAS on the 8B shapes' q/k/v, o and down
@@ -87,7 +80,7 @@ _tuned: dict[tuple, tuple[int, ...] | None] = {}
 def _split(n: int, k: int, rows_per_block: int, bk: int, per_sm: int, x) -> tuple[int, int, int]:
     """(output blocks, K slices, K per slice): ~per_sm programs per SM, whole BK steps per slice."""
     blocks = -(-n // rows_per_block)
-    splits = max(1, min(-(-k // bk), -(-per_sm * _sms(x) // blocks)))
+    splits = max(1, min(-(-k // bk), -(-per_sm * sms(x) // blocks)))
     k_split = bk * -(-k // (splits * bk))
     return blocks, -(-k // k_split), k_split
 
@@ -123,7 +116,7 @@ def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False, scale=
     )
     _kernels()[2][(blocks, splits)](
         weight, x2, g2, part, bias if bias is not None else weight, rows, n, k, k_split, x2.stride(0), g2.stride(0),
-        R=max(16, _pow2(rows)), BN=bn, BK=bk, ACT=act, DIRECT=direct, BIAS=bias is not None,
+        R=max(16, pow2(rows)), BN=bn, BK=bk, ACT=act, DIRECT=direct, BIAS=bias is not None,
         IEEE=x.dtype == torch.float32, num_warps=warps, num_stages=config[4],
     )  # fmt: skip
     return part
@@ -145,42 +138,16 @@ def _gemv_launch(x, weight, bias, gate, config, act: int = 1, in_parts: bool = F
     out = torch.empty(shape, device=x.device, dtype=weight.dtype if in_parts else x.dtype)
     b = bias if bias is not None else part
     _kernels()[1][(-(-n // 256),)](
-        part, b, out, n, splits, weight.shape[0], BLOCK=256, S=_pow2(splits, 1), BIAS=bias is not None
+        part, b, out, n, splits, weight.shape[0], BLOCK=256, S=pow2(splits, 1), BIAS=bias is not None
     )
     return out
 
 
-def _graph_ms(fn, reps: int = 10) -> float:
-    """Milliseconds per call of `fn`, `reps` calls captured in one CUDA graph (launch cost as in a step)."""
-    fn()  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
-
-
-def tunes(x: torch.Tensor) -> bool:
-    """Whether the kernels' configs are timed for a tensor like `x`: on CUDA, outside a graph capture (steps
-    are warmed before capture), unless `DFLASH_ZOO_TUNE=0`, which takes each kernel's first config untimed (the
-    GPU tests: every config is tested on its own, and timing them all costs minutes per engine)."""
-    return (
-        x.is_cuda
-        and os.environ.get("DFLASH_ZOO_TUNE") != "0"
-        and not torch.cuda.is_current_stream_capturing()
-    )
-
-
 def _gemv_config(
-    x, weight, gate, parts: bool = False, act: int = 1, in_parts: bool = False
+    x, weight, gate, parts: bool = False, act: int = 1, in_parts: bool = False, tune: bool = True
 ) -> tuple[int, ...] | None:
     """The fastest kernel config for this shape and row count, and cuBLAS too unless `parts` (partial sums
-    wanted), timed once where `tunes` (else the first config).
+    wanted), timed once where `runtime.tunes` (else the first config).
 
     Each timed call follows a write of 128 MB (over twice an H200's L2), so that the weight comes from HBM as
     in a real step.
@@ -190,10 +157,10 @@ def _gemv_config(
     key = (tuple(weight.shape), weight.dtype, act if gate is not None else 0, parts, rows, x.device, in_parts)
     if key in _tuned:
         return _tuned[key]
-    if not tunes(x):
+    if not tunes(x, tune):
         return configs[0]
     flush = torch.empty(2**25, device=x.device, dtype=torch.float32)
-    base = _graph_ms(flush.zero_)
+    base = graph_ms(flush.zero_)
     extra = dict(act=act, in_parts=in_parts)
     run = (
         functools.partial(_gemv_parts, **extra)
@@ -202,7 +169,7 @@ def _gemv_config(
     )
     candidates = configs if parts else [*configs, CUBLAS]
     times = {
-        c: _graph_ms(lambda c=c: (flush.zero_(), run(x, weight, gate=gate, config=c))) - base
+        c: graph_ms(lambda c=c: (flush.zero_(), run(x, weight, gate=gate, config=c))) - base
         for c in candidates
     }
     if CUBLAS in times:  # cuBLAS only where clearly faster: timed alone it won near-ties that lost in a step
@@ -230,25 +197,26 @@ def gemv(
     gate: torch.Tensor | None,
     act: int = 1,
     in_parts: bool = False,
+    tune: bool = True,
 ) -> torch.Tensor:
     """A few rows x [..., K] -> x @ weight [N, K]^T (+ bias) [..., N]; with `gate` [..., K], the input is
     act(gate) * x (a gated MLP's down projection; `act` of `ACTS`). One row: the split-K GEMV; 2..ROWS rows: the
     split-K tensor-core kernel; either where it was timed faster than cuBLAS for the shape; more rows: cuBLAS.
-    `in_parts`: x and gate are one row's fp32 partial sums [S, 1, K] (`_in_parts`); the output is [1, N]."""
+    `in_parts`: x and gate are one row's fp32 partial sums [S, 1, K] (`_in_parts`); the output is [1, N].
+    `tune`: time the configs (`runtime.tunes`), else take the first."""
     _check_act(act)
     if in_parts:
         _in_parts(x, gate)
-        return _gemv_launch(
-            x, weight, bias, gate, _gemv_config(x, weight, gate, act=act, in_parts=True), act, True
-        )
+        config = _gemv_config(x, weight, gate, act=act, in_parts=True, tune=tune)
+        return _gemv_launch(x, weight, bias, gate, config, act, True)
     if x.numel() // x.shape[-1] > ROWS:
         return _gemv_launch(x, weight, bias, gate, CUBLAS, act)
     x, weight, gate = _few_rows(x, weight, gate)
-    return _gemv_launch(x, weight, bias, gate, _gemv_config(x, weight, gate, act=act), act)
+    return _gemv_launch(x, weight, bias, gate, _gemv_config(x, weight, gate, act=act, tune=tune), act)
 
 
 @gemv.register_fake
-def _(x, weight, bias, gate, act=1, in_parts=False):
+def _(x, weight, bias, gate, act=1, in_parts=False, tune=True):
     return weight.new_empty(1, weight.shape[0]) if in_parts else x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
@@ -260,22 +228,23 @@ def gemv_parts(
     scale: torch.Tensor | None = None,
     act: int = 1,
     in_parts: bool = False,
+    tune: bool = True,
 ) -> torch.Tensor:
     """`gemv` without its last kernel: fp32 partial sums [splits, rows, N] whose in-order sum is the output
-    (before bias and rounding); `fused_ops.add_rms_norm` sums them into the residual. For one row, `scale` (a
+    (before bias and rounding); `fused.add_rms_norm` sums them into the residual. For one row, `scale` (a
     one-element logit) multiplies them by its sigmoid, rounded as torch's: a gated shared expert's output."""
     _check_act(act)
     if in_parts:
         _in_parts(x, gate)
     else:
         x, weight, gate = _few_rows(x, weight, gate)
-    config = _gemv_config(x, weight, gate, True, act, in_parts)
+    config = _gemv_config(x, weight, gate, True, act, in_parts, tune)
     return _gemv_parts(x, weight, gate, config, scale=scale, act=act, in_parts=in_parts)
 
 
 @gemv_parts.register_fake
-def _(x, weight, gate, scale=None, act=1, in_parts=False):
-    # not traceable: the slice count is tuned at run time (the static path never compiles it, `static.py`)
+def _(x, weight, gate, scale=None, act=1, in_parts=False, tune=True):
+    # not traceable: the slice count is tuned at run time (the static path never compiles it)
     raise NotImplementedError("gemv_parts has no fixed output shape to trace")
 
 

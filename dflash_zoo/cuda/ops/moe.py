@@ -12,30 +12,26 @@ took most of a 7.9 ms step for 6.1 GB of weights (docs/performance.md). Here:
   once and the others not at all (`expert_gemm`). The down kernel can compute the declared gated activation
   from the gate/up output itself (`SparseMoE.expert_gate`; else the module's `_apply_gate` runs between them)
   and multiply by the routing weight, writing fp32 [k, rows, H] slices whose in-order sum is the block's output
-  (`static.Parts`: the next residual add sums them, or `Parts.total`).
+  (the static engine's `Parts`: the next residual add sums them).
 Every op is rounded to the dtype where transformers rounds it (each GEMM output, the bias add, each step of
 the activation, the weighted product), so the kernels compute what the modules compute, up to fp32 summation
 order. The tile configuration is timed once per shape on CUDA, outside graph capture (`_config`).
 
-The weight layouts are the ones transformers' experts decorator declares on the module (`integrations/moe.py`:
-`is_transposed`, `has_bias`, `has_gate`); a module without them, or with a post-expert norm, keeps its own
-forward (`supported`). Torch custom ops, so CUDA graphs capture their launches and `torch.compile` sees one call
-each; under Triton's interpreter they run on CPU (tests).
-The kernels themselves are in moe_kernels.py.
+The weights are [E, N, K] tensors, or [E, K, N] (`transposed`), as transformers' experts modules hold them;
+which modules run here, and how: cuda/static/moe.py. Torch custom ops, so CUDA graphs capture their launches
+and `torch.compile` sees one call each; under Triton's interpreter they run on CPU (tests). The kernels
+themselves are in moe_kernels.py.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
-from typing import Any
 
 import torch
-from torch import nn
 
-from dflash_zoo.cuda.ops.attention_kernels import _pow2
-from dflash_zoo.cuda.ops.gemv import ACTS, _graph_ms, tunes
+from dflash_zoo.cuda.ops.gemv import ACTS
+from dflash_zoo.cuda.ops.runtime import graph_ms, pow2, tunes
 
 log = logging.getLogger("dflash_zoo")
 
@@ -53,48 +49,6 @@ GATES = {
     **ACTS,
 }  # SparseMoE.expert_gate -> the kernel's ACT (gemv's for SiLU, GELU)
 _tuned: dict[tuple, tuple[int, ...]] = {}
-
-
-@dataclass(frozen=True)
-class Routing:
-    """A router's declared rule (`SparseMoE.routing`), resolved against its module."""
-
-    rule: str  # "softmax_topk" or "topk_softmax"
-    top_k: int
-    renormalize: bool  # softmax_topk: the top-k weights divided by their sum
-
-
-@dataclass(frozen=True)
-class ScaledRouting:
-    """A declared `ScaledRouter` (Gemma 4) resolved against its module: its parameters, constants and top k."""
-
-    eps: float  # the weightless norm's
-    scale: torch.Tensor  # [H]
-    root: float  # H^-1/2
-    weight: torch.Tensor  # [E, H], the projection's
-    expert_scale: torch.Tensor  # [E]
-    top_k: int
-
-
-@dataclass(frozen=True)
-class ExpertGate:
-    """The declared gated activation (`SparseMoE.expert_gate`) with the module's constants."""
-
-    kind: str  # "silu", "clamped_swiglu" or "gelu_tanh"
-    limit: float = 0.0
-    alpha: float = 0.0
-
-
-def supported(experts: nn.Module) -> str | None:
-    """None when `routed` can run this experts module, else why not."""
-    flags = ("is_transposed", "has_bias", "has_gate")
-    if not all(hasattr(experts, f) for f in flags) or not hasattr(experts, "gate_up_proj"):
-        return f"{type(experts).__name__} declares no transformers experts layout"
-    if getattr(experts, "has_post_expert_norm", False):
-        return f"{type(experts).__name__} has a post-expert norm"
-    if not experts.has_gate:
-        return f"{type(experts).__name__} has no gate projection"
-    return None
 
 
 @functools.cache
@@ -131,7 +85,7 @@ def route(
     index = torch.empty(n, top_k, device=logits.device, dtype=torch.long)
     scale = expert_scale.contiguous() if expert_scale is not None else logits
     _kernels()[1][(n,)](
-        logits.contiguous(), scale, weights, index, e, top_k, splits, E=_pow2(e), KP=_pow2(top_k),
+        logits.contiguous(), scale, weights, index, e, top_k, splits, E=pow2(e), KP=pow2(top_k),
         SOFTMAX_FIRST=rule == "softmax_topk", RENORM=renormalize, SCALED=expert_scale is not None, PARTS=parts,
         num_warps=1 if e <= 256 else 4,
     )  # fmt: skip
@@ -173,16 +127,16 @@ def _launch(x, weight, bias, experts, transposed, act, limit, alpha, routing, to
     else:  # every expert's program starts; those no pair chose return at once
         _kernels()[2][(weight.shape[0], -(-n // config[0]))](
             *args, pairs, pairs // x.shape[0], x.stride(0), weight.stride(0), s_n, s_k, top_k, limit, alpha,
-            R=_pow2(tokens), SP=_pow2(pairs), BN=config[0], BK=config[1], IEEE=x.dtype == torch.float32,
+            R=pow2(tokens), SP=pow2(pairs), BN=config[0], BK=config[1], IEEE=x.dtype == torch.float32,
             num_stages=config[3], **flags,
         )  # fmt: skip
     return out
 
 
-def _config(x, weight, bias, experts, transposed, act, limit, alpha, routing, top_k) -> tuple[int, ...]:
+def _config(x, weight, bias, experts, transposed, act, limit, alpha, routing, top_k, tune) -> tuple[int, ...]:
     """The fastest of CONFIGS (one token) or GROUPED_CONFIGS (several) for this shape, timed once on CUDA: each
     call after a 128 MB write, so that the weights come from HBM as in a step, with each token's experts
-    drawn at random (distinct within a token); the first one where `gemv.tunes` says no."""
+    drawn at random (distinct within a token); the first one where `runtime.tunes` says no."""
     tokens = experts.numel() // top_k
     configs = CONFIGS if tokens == 1 else GROUPED_CONFIGS
     key = (
@@ -197,16 +151,16 @@ def _config(x, weight, bias, experts, transposed, act, limit, alpha, routing, to
     )
     if key in _tuned:
         return _tuned[key]
-    if not tunes(x):
+    if not tunes(x, tune):
         return configs[0]
 
     gen = torch.Generator().manual_seed(0)
     drawn = torch.stack([torch.randperm(weight.shape[0], generator=gen)[:top_k] for _ in range(tokens)])
     drawn = drawn.reshape(-1).to(x.device)
     flush = torch.empty(2**25, device=x.device, dtype=torch.float32)
-    base = _graph_ms(flush.zero_)
+    base = graph_ms(flush.zero_)
     run = functools.partial(_launch, x, weight, bias, drawn, transposed, act, limit, alpha, routing, top_k)
-    times = {c: _graph_ms(lambda c=c: (flush.zero_(), run(c))) - base for c in configs}
+    times = {c: graph_ms(lambda c=c: (flush.zero_(), run(c))) - base for c in configs}
     _tuned[key] = best = min(times, key=times.get)
     log.debug("expert linear %s: %s (%.1f us)", key[:7], best, times[best] * 1e3)
     return best
@@ -234,12 +188,14 @@ def expert_linear(
     limit: float = 0.0,
     alpha: float = 0.0,
     routing: torch.Tensor | None = None,
+    tune: bool = True,
 ) -> torch.Tensor:
     """x [R, K] (act 1 to 3: [R, 2K], a gate/up output whose activation is the input, `GATES`); weight [E, N, K]
     ([E, K, N] when `transposed`); bias [E, N]; experts [S]: each token's top_k experts in turn (distinct within
     a token), S a multiple of R (pair s reads row s // (S / R)) -> [S, N]: pair s's row through its expert's
     projection. With `routing` [S], the outputs times their weights, in fp32 slices [top_k, S / top_k, N]
-    (slice j: every token's j-th expert) whose sum over slices is the weighted sum."""
+    (slice j: every token's j-th expert) whose sum over slices is the weighted sum. `tune`: time the configs
+    (`runtime.tunes`), else take the first."""
     if top_k < 1 or experts.numel() % top_k or experts.numel() % x.shape[0]:
         raise ValueError(
             f"{experts.numel()} pairs are not top_k={top_k} per token over {x.shape[0]} input rows"
@@ -247,53 +203,13 @@ def expert_linear(
     x = x if x.stride(-1) == 1 else x.contiguous()
     experts = experts.contiguous()
     routing = routing.contiguous() if routing is not None else None
-    config = _config(x, weight, bias, experts, transposed, act, limit, alpha, routing, top_k)
+    config = _config(x, weight, bias, experts, transposed, act, limit, alpha, routing, top_k, tune)
     return _launch(x, weight, bias, experts, transposed, act, limit, alpha, routing, top_k, config)
 
 
 @expert_linear.register_fake
-def _(x, weight, bias, experts, transposed, top_k, act=0, limit=0.0, alpha=0.0, routing=None):
+def _(x, weight, bias, experts, transposed, top_k, act=0, limit=0.0, alpha=0.0, routing=None, tune=True):
     n = weight.shape[2] if transposed else weight.shape[1]
     if routing is not None:
         return x.new_empty(top_k, experts.numel() // top_k, n, dtype=torch.float32)
     return x.new_empty(experts.numel(), n)
-
-
-def routed_parts(
-    experts: Any, x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, gate: ExpertGate | None = None
-) -> torch.Tensor:
-    """`experts(x, index, weights)` as fp32 slices [k, N, H] (x [N, H], index / weights [N, k]), each the
-    outputs of one expert per row times its routing weight, rounded as transformers rounds that product: their
-    in-order sum, rounded to the dtype, is the module's output. `gate`: the activation computed in the down
-    kernel (else the module's `_apply_gate` runs between the projections)."""
-    k = index.shape[1]
-    pairs = index.reshape(-1)  # [N * k]: token t's experts at t * k ...
-    up_bias = experts.gate_up_proj_bias if experts.has_bias else None
-    h = expert_linear(x, experts.gate_up_proj, up_bias, pairs, experts.is_transposed, k)  # [N * k, 2I]
-    act, limit, alpha = (
-        GATES[gate.kind if gate else None],
-        gate.limit if gate else 0.0,
-        gate.alpha if gate else 0.0,
-    )
-    if not act:
-        h = experts._apply_gate(h)  # [N * k, I]: the family's activation over its gate / up layout
-    down_bias = experts.down_proj_bias if experts.has_bias else None
-    return expert_linear(
-        h,
-        experts.down_proj,
-        down_bias,
-        pairs,
-        experts.is_transposed,
-        k,
-        act,
-        limit,
-        alpha,
-        weights.reshape(-1),
-    )  # [k, N, H]
-
-
-def routed(
-    experts: Any, x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, gate: ExpertGate | None = None
-) -> torch.Tensor:
-    """What `experts(x, index, weights)` returns, through `expert_linear`: x [N, H], index / weights [N, k]."""
-    return routed_parts(experts, x, index, weights, gate).sum(0).to(x.dtype)

@@ -11,19 +11,18 @@ norm's output, the sum of the two branches, the residual add, the scalar product
 fp32-weight formula; the last output may instead take Llama's (the norm rounded, times the weight, rounded)
 and a constant after it (Gemma 4's router input: a weightless norm times its scale times H^-1/2).
 
-A torch custom op (captured by CUDA graphs, opaque to torch.compile), on CUDA or under Triton's interpreter.
+A torch custom op (captured by CUDA graphs, opaque to torch.compile), on CUDA or under Triton's interpreter;
+its kernel is in sandwich_kernels.py. Which layers run it, and with which inputs: cuda/static/sandwich.py.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import torch
 
-from dflash_zoo.cuda.ops.attention_kernels import _pow2
 from dflash_zoo.cuda.ops.fused import check_sums
-from dflash_zoo.cuda.static.layout import norm_eps
+from dflash_zoo.cuda.ops.runtime import pow2
 
 
 @functools.cache
@@ -80,7 +79,7 @@ def sandwich_add(
     total = torch.empty_like(x)
     y = x.new_empty(len(norms), *x.shape)
     ws = [w.contiguous() for w in norms] + [w1] * (3 - len(norms))
-    d = _pow2(n)
+    d = pow2(n)
     _kernels()[(rows,)](
         x, a, w1.contiguous(), b, w2 if w2 is not None else w1, outer if outer is not None else w1,
         scalar if scalar is not None else x, *ws, total, y, rows, n, s1, s2, eps, offset, post, D=d,
@@ -95,70 +94,3 @@ def sandwich_add(
 def _(x, d1, w1, norms, eps, fp32_weight=True, offset=0.0, parts1=False, d2=None, w2=None, parts2=False,
       outer=None, scalar=None, last_llama=False, post=1.0):  # fmt: skip
     return torch.empty_like(x), x.new_empty(len(norms), *x.shape)
-
-
-# ---- a sandwich layer's residual adds in the static target (static.py) ------------------------------------------
-def runs(target: Any, i: int) -> bool:
-    """Whether layer i of a `StaticTarget` runs its residual adds through `sandwich_add` (`after_attention`,
-    `after_mlp`): the kernels are on, its sublayer outputs are normed (sandwich norms), no per-layer input sits
-    between the MLP and the next layer, and every norm involved (the next layer's input norm too) has a weight
-    of the step's dtype and the model's epsilon; a parallel MoE branch needs its router's declared parts."""
-    m, norm = target.layers[i], target.norm
-    if not norm.kernel or m.attn_out_norm is None or m.mlp_out_norm is None or m.per_layer is not None:
-        return False
-    nxt = target.layers[i + 1].input_norm if i + 1 < len(target.layers) else target.final_norm
-    mods = [m.attn_out_norm, m.post_norm, m.mlp_out_norm, nxt]
-    if m.moe_branch is not None:
-        if m.branch_routing is None or m.branch_routing.eps != norm.eps or not target.moe_rows:
-            return False
-        mods += list(m.moe_branch[2:])  # the dense output's, the experts' input and output norms
-    eps = [norm_eps(n) for n in mods]
-    return all(norm.fuses(n, target.dtype) for n in mods) and all(e == norm.eps for e in eps)
-
-
-def _as_delta(out: Any, like: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """(a sublayer's output for the kernel, whether it is partial sums): `Parts` without a bias or a second
-    group as their sums, anything else as a tensor shaped like the residual."""
-    from dflash_zoo.cuda.static.target import Parts, _summed
-
-    if isinstance(out, Parts) and out.bias is None and out.more is None:
-        return out.sums, True
-    return _summed(out, like).reshape(like.shape), False
-
-
-def after_attention(target: Any, i: int, x: torch.Tensor, h: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Residual x [1, T, H] plus the attention output h normed -> (that sum, [the MLP's input; with a parallel
-    branch also the experts' input and the router's input]), each [1, T, H]."""
-    m, norm = target.layers[i], target.norm
-    weights = [m.post_norm.weight]
-    r = m.branch_routing
-    if (
-        m.moe_branch is not None
-    ):  # the experts' input norm, and the router's input: a weightless norm x scales
-        weights += [m.moe_branch[3].weight, r.scale]
-    d, parts = _as_delta(h, x)
-    x, normed = sandwich_add(
-        x, d, m.attn_out_norm.weight, weights, norm.eps, norm.fp32, norm.offset, parts,
-        last_llama=m.moe_branch is not None, post=r.root if r is not None else 1.0,
-    )  # fmt: skip
-    return x, list(normed)
-
-
-def after_mlp(
-    target: Any, i: int, x: torch.Tensor, dense: Any, routed: Any
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Residual x [1, T, H] plus the MLP's outputs (the dense one; `routed` the parallel experts', or None),
-    normed and summed as the layer declares, times the layer scalar -> (the layer's output, the next layer's
-    input norm of it (the final norm after the last layer))."""
-    m, norm = target.layers[i], target.norm
-    nxt = target.layers[i + 1].input_norm if i + 1 < len(target.layers) else target.final_norm
-    d1, parts1 = _as_delta(dense, x)
-    branch = {}
-    if routed is not None:  # norm_o(norm_1(dense) + norm_2(experts))
-        d2, parts2 = _as_delta(routed, x)
-        branch = dict(d2=d2, w2=m.moe_branch[4].weight, parts2=parts2, outer=m.mlp_out_norm.weight)
-    w1 = m.moe_branch[2].weight if routed is not None else m.mlp_out_norm.weight
-    x, normed = sandwich_add(
-        x, d1, w1, [nxt.weight], norm.eps, norm.fp32, norm.offset, parts1, scalar=m.scalar, **branch
-    )  # fmt: skip
-    return x, normed[0]

@@ -18,124 +18,60 @@ What differs from the eager loop, and why:
   committed count (`run.verify_width`), so steps match the eager engine's;
 - the drafter always sees the full B verified rows; only the first na + 1 get valid positions below the new
   context length, the rest are masked and overwritten (no variable shapes).
-- fewer kernels per step (static.py): fused q/k/v and gate/up weights, `F.rms_norm`, and optionally
+- fewer kernels per step (target.py): fused q/k/v and gate/up weights, `F.rms_norm`, and optionally
   `torch.compile` (inductor, no cudagraphs) of the two step functions before capture; compile time is kept
   apart from capture time and from throughput (`compile_seconds`, `capture_seconds`). On CUDA with triton, the
-  attention of every step and the one-row projections run our Triton kernels (kernels.py, gemv.py), measured
-  fastest compiled or not, and so, uncompiled, does the elementwise work between GEMMs (fused_ops.py);
-  without triton, compiled one-row steps use explicit sums over key chunks. One-row steps of sparse MoE
-  blocks run their routed experts as one GEMV per chosen expert (moe.py).
+  attention of every step and the one-row projections run our Triton kernels (cuda/ops/attention.py, gemv.py),
+  measured fastest compiled or not, and so, uncompiled, does the elementwise work between GEMMs (fused.py);
+  without triton, compiled one-row steps use explicit sums over key chunks (kernel_choice.py). One-row steps
+  of sparse MoE blocks run their routed experts as one GEMV per chosen expert (moe.py).
 Scope: batch 1, greedy or sampling, targets whose adapter declares a `static_layout` (with sparse MoE blocks
 only where their experts implementation does not sync with the host when graphs are on); `engine/select.py`
 sends everything else to the eager engine, and on CUDA also layouts not yet verified there unless asked.
-`cuda/graphs.py` runs, compiles and captures the steps. On CPU the same static steps run without graphs; tests
+graphs.py runs, compiles and captures the steps. On CPU the same static steps run without graphs; tests
 compare them token for token with the eager engine (fp32).
-
-A little over the ~300 lines we aim for: the kernel defaults and the profiling replays (`replays`, for
-`bench --profile`) sit beside the steps they choose and run.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from dflash_zoo.cuda.ops import attention_kernels as kernels
-from dflash_zoo.cuda.static.graphs import Steps
-from dflash_zoo.cuda.static.target import (
-    BLOCK_ATTENTION,
-    DECODE_ATTENTION,
-    StaticDrafter,
-    StaticTarget,
-    unsupported_reason,
-)
+from dflash_zoo.cuda.static.drafter import StaticDrafter
+from dflash_zoo.cuda.static.graphs import Steps, private_code
+from dflash_zoo.cuda.static.kernel_choice import choose_kernels
+from dflash_zoo.cuda.static.target import StaticTarget
 from dflash_zoo.engine.decode import AR_RULE, sampler_of
-from dflash_zoo.engine.drafter import DFlashDrafter
+from dflash_zoo.engine.options import FastOptions
 from dflash_zoo.engine.results import GREEDY_RULE, SAMPLING_RULE, GenerationConfig
 from dflash_zoo.engine.run import AcceptOverride, Engine, Generation, Run, verify_width
 from dflash_zoo.engine.sampling import Sampler, seed_generator
+from dflash_zoo.engine.static_support import drafter_reason, unsupported_reason
 
 if TYPE_CHECKING:
     from dflash_zoo.adapters.base import TargetAdapter
+    from dflash_zoo.engine.drafter import DFlashDrafter
 
 log = logging.getLogger("dflash_zoo")
 # inductor settings of compiled steps: with coordinate descent tuning, inductor lowers batch-1 matmuls (every
 # GEMV of an autoregressive step) to Triton reductions it tunes, in place of cuBLAS (docs/performance.md)
 COMPILE_OPTIONS: dict[str, Any] = {"coordinate_descent_tuning": True}
-# without the Triton kernels (no triton), compiled 8B-shape AR step on one H200 host: "chunks" 187 tok/s,
-# "sums" 173; SDPA lost to sums (docs/performance.md)
-COMPILED_DECODE_ATTENTION = "chunks"
-
-
-def _kernel_choice(
-    device, compile: bool, decode: str | None, block: str | None, gemv: bool | None, fused: bool | None
-):
-    """`FastEngine`'s (decode_attention, block_attention, gemv, fused_ops): defaults filled in, then checked.
-
-    `DFLASH_ZOO_KERNELS=0` turns the Triton kernels off by default (an escape hatch; explicit choices stand).
-    """
-    why = kernels.available(device)  # None: the kernels can run here
-    wanted = os.environ.get("DFLASH_ZOO_KERNELS", "1") != "0"
-    triton_ok = wanted and device.type == "cuda" and why is None
-    if decode is None:
-        decode = "split" if triton_ok else COMPILED_DECODE_ATTENTION if compile else "sdpa"
-    block = block or ("split" if triton_ok else "sdpa")
-    gemv = triton_ok if gemv is None else gemv
-    # compiled, inductor fuses those ops itself; the kernels were measured uncompiled only
-    fused = triton_ok and not compile if fused is None else fused
-    for what, name, table in [("decode", decode, DECODE_ATTENTION), ("block", block, BLOCK_ATTENTION)]:
-        if name not in table:
-            raise ValueError(f"{what}_attention must be one of {sorted(table)}, not {name!r}")
-        if name == "split" and why:
-            raise ValueError(f"{what}_attention='split': {why}")
-    for name, on in [("gemv", gemv), ("fused_ops", fused)]:
-        if on and why:
-            raise ValueError(f"{name}: {why}")
-    return decode, block, gemv, fused
-
-
-def _moe_rows(device, gemv: bool, rows: int | None) -> int:
-    """Steps of at most this many rows run sparse MoE experts through the kernels of cuda/moe.py: by default
-    every step but the prefill (16 rows) wherever the GEMV kernel runs (`DFLASH_ZOO_MOE_ROWS` overrides, for
-    measurements)."""
-    if rows is None:
-        return int(os.environ.get("DFLASH_ZOO_MOE_ROWS", "16")) if gemv else 0
-    why = kernels.available(device)
-    if rows and why:
-        raise ValueError(f"moe_rows: {why}")
-    return rows
 
 
 class FastEngine(Engine):
-    """Static buffers + captured steps for one (target, drafter) pair; reusable across prompts.
+    """Static buffers + captured steps for one (target, drafter) pair; reusable across prompts. Built by
+    `engine/factory.py: build_engine`, which also says when this engine cannot run a pair.
 
     Args:
+        adapter / drafter / mask_token_id: the pair and the drafter's mask token.
         max_len: longest prompt + new tokens this engine will see (a block of slack is added).
-        graphs: capture CUDA graphs (default: on for CUDA). False runs the same static steps eagerly.
+        options: how it runs (`FastOptions`: graphs, compile, fusion, kernels, tuning); the kernels left to the
+            engine are chosen for the device (`kernel_choice.choose_kernels`, resolved in `kernels`).
         block_size: verify block (default and maximum: the drafter's trained block size).
-        fuse: one GEMM for q/k/v and one for gate/up; the modules' weights become views of the fused
-            tensors (no extra memory; the HF forward and the drafter's checkpoint names are unchanged).
-        fast_norm: RMSNorm through `F.rms_norm` (same numerics as HF's formula; fewer kernels).
-        compile: `torch.compile` the two step functions (inductor, no dynamic shapes, no inductor cudagraphs:
-            graphs are captured here) with `compile_options` (default `COMPILE_OPTIONS`).
-        decode_attention: attention of the autoregressive step (`static.DECODE_ATTENTION`): "split" is the
-            Triton kernel of kernels.py (CUDA only); "sums" and "chunks" are fast only when compiled.
-        block_attention: attention of the verify and draft steps (`static.BLOCK_ATTENTION`).
-        gemv: one-row projections (all of them; more rows with `DFLASH_ZOO_GEMV_ROWS`) through `gemv.gemv`,
-            the split-K Triton GEMV or cuBLAS, whichever was timed faster for the shape.
-        fused_ops: the elementwise work between GEMMs (q/k norm + rotary + K/V writes, RMSNorms, SwiGLU
-            products) through the Triton kernels of fused_ops.py.
-        moe_rows: steps of at most this many rows run a sparse MoE block's routed experts through the kernels
-            of moe.py (one row: a GEMV per chosen expert; more: one tensor-core program per chosen expert and
-            output tile) instead of the block's experts implementation.
-        Defaults: on CUDA with triton, "split", "split", True (measured fastest compiled and not on an H200,
-        docs/performance.md), True uncompiled and 16; otherwise `COMPILED_DECODE_ATTENTION` when compiling,
-        else "sdpa"; "sdpa"; False; False; 0.
     """
 
     name: ClassVar[str] = "fast"
@@ -146,36 +82,33 @@ class FastEngine(Engine):
         drafter: DFlashDrafter,
         mask_token_id: int,
         max_len: int,
-        graphs: bool | None = None,
+        options: FastOptions = FastOptions(),
         block_size: int | None = None,
-        fuse: bool = True,
-        fast_norm: bool = True,
-        compile: bool = False,  # shadows the builtin in __init__ only: the public name of the flag
-        compile_options: dict[str, Any] | None = None,
-        decode_attention: str | None = None,
-        block_attention: str | None = None,
-        gemv: bool | None = None,
-        fused_ops: bool | None = None,
-        moe_rows: int | None = None,
     ):
         self.device = next(adapter.layers()[0].parameters()).device
-        self.graphs = self.device.type == "cuda" if graphs is None else graphs
-        reason = unsupported_reason(adapter, graphs=self.graphs)
+        self.options = options
+        self.graphs = self.device.type == "cuda" if options.graphs is None else options.graphs
+        reason = unsupported_reason(adapter, graphs=self.graphs) or drafter_reason(drafter)
         if reason:
             raise ValueError(reason)
         self.adapter, self.drafter, self.mask_id = adapter, drafter, mask_token_id
         self.block = GenerationConfig(block_size=block_size).validated(drafter.cfg.block_size).block_size
         size = -(-(max_len + 2 * self.block) // 64) * 64  # multiple of 64: aligned rows for the masked kernel
         self.max_len, self.size = max_len, size
-        kinds = _kernel_choice(self.device, compile, decode_attention, block_attention, gemv, fused_ops)
-        self.decode_attention, self.block_attention, self.gemv, self.fused_ops = kinds
-        self.moe_rows = _moe_rows(self.device, self.gemv, moe_rows)
+        self.kernels = choose_kernels(self.device, options)
         self.target = StaticTarget(
-            adapter, size, drafter.cfg.target_layer_ids, fuse, fast_norm, *kinds, self.block, self.moe_rows
+            adapter, size, drafter.cfg.target_layer_ids, options, self.kernels, self.block
         )
-        self.sdraft = StaticDrafter(
-            drafter, size, fuse, fast_norm, self.block_attention, self.fused_ops, self.gemv
+        self.sdraft = StaticDrafter(drafter, size, options, self.kernels)
+        self._state_tensors(drafter, adapter, mask_token_id)
+        self.compile_options = dict(
+            COMPILE_OPTIONS if options.compile_options is None else options.compile_options
         )
+        compiled = self.compile_options if options.compile else None  # steps compile lazily, on first use
+        self.steps = Steps([self.pos, self.bonus, *self.target.states()], self.gen, self.graphs, compiled)
+
+    def _state_tensors(self, drafter: DFlashDrafter, adapter: TargetAdapter, mask_token_id: int) -> None:
+        """The tensors a step reads and writes in place, so that a captured graph replays it with no host work."""
         dev, b = self.device, self.block
         self.pos = torch.zeros((), dtype=torch.long, device=dev)  # committed tokens in the target cache
         self.bonus = torch.zeros(1, dtype=torch.long, device=dev)  # last committed token, not yet verified
@@ -185,10 +118,10 @@ class FastEngine(Engine):
         self.vtaps = torch.zeros(1, b, width, device=dev, dtype=self.target.dtype)
         self.out = torch.zeros(b + 1, dtype=torch.long, device=dev)  # [na, drafts (b-1), next]
         self.gen = torch.Generator(device=dev)  # sampling only; seeded per generation
-        self.compile = compile
-        self.compile_options = dict(COMPILE_OPTIONS if compile_options is None else compile_options)
-        options = self.compile_options if compile else None  # steps compile lazily, on first use
-        self.steps = Steps([self.pos, self.bonus, *self.target.states()], self.gen, self.graphs, options)
+
+    @property
+    def compile(self) -> bool:
+        return self.options.compile
 
     @property
     def capture_seconds(self) -> float:
@@ -239,6 +172,7 @@ class FastEngine(Engine):
 
     def _run_step(self, name: str, sampler: Sampler) -> None:
         fn = getattr(self, f"_{name}_step")  # _spec_step, _ar_step, _draft_step, _drafter_step
+        fn = private_code(fn) if self.compile else fn  # compiled: a dynamo cache of this engine's own
         self.steps.run((name, sampler), lambda: partial(fn, sampler))
 
     def replays(self, prompt_ids: list[int], cfg: GenerationConfig, step: str) -> Callable[[int], None]:

@@ -17,7 +17,7 @@ and the layer is on CUDA (the chunked kernel for prefill and verify, the fused r
 steps), else through the torch reference functions of the family's own transformers module.
 
 With `kernel` (the engine's `fused_ops`) the work around the projections runs as three Triton kernels
-(gdn_kernels.py), where torch took ~20 a layer in a one-row step, each ~2 us in a graphed step for ~2 us of real
+(cuda/ops/gdn.py), where torch took ~20 a layer in a one-row step, each ~2 us in a graphed step for ~2 us of real
 work (docs/performance.md): `conv_gates` (conv, SiLU, q | k | v, decay and gate; the window moves on in it),
 `delta_rule` (one-row steps, verifies and commits: the rule row by row over a few rows, the state updated in
 place or kept, value heads reading their key heads, so no repeated heads and no state copy) and
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 import sys
 from collections.abc import Callable
 
@@ -38,18 +37,16 @@ from torch import nn
 
 from dflash_zoo.adapters._hybrid import gated_delta_final_state
 from dflash_zoo.cuda.ops import fused as fused_ops
-from dflash_zoo.cuda.ops.attention_kernels import _pow2
-from dflash_zoo.cuda.static.layout import norm_eps
+from dflash_zoo.cuda.ops.gdn import delta_rule, gdn_conv_gates, window_commit
+from dflash_zoo.cuda.static.linear import FusedLinear, Gemv, project
+from dflash_zoo.cuda.static.lookup import norm_eps
 
 # (query, key, value, g, beta, initial_state, output_final_state, use_qk_l2norm_in_kernel) -> (out, state)
 DeltaRule = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
 def fla_kernels() -> tuple[DeltaRule, DeltaRule] | None:
-    """flash-linear-attention's (chunked, fused recurrent) gated delta rule, or None when not installed
-    (or turned off with `DFLASH_ZOO_FLA=0`)."""
-    if os.environ.get("DFLASH_ZOO_FLA", "1") == "0":
-        return None
+    """flash-linear-attention's (chunked, fused recurrent) gated delta rule, or None when not installed."""
     try:
         ops = importlib.import_module("fla.ops.gated_delta_rule")
     except Exception:  # not installed, or installed without a working triton
@@ -57,10 +54,13 @@ def fla_kernels() -> tuple[DeltaRule, DeltaRule] | None:
     return ops.chunk_gated_delta_rule, ops.fused_recurrent_gated_delta_rule
 
 
-def delta_rule_kernels(gdn: nn.Module, device: torch.device) -> tuple[DeltaRule, DeltaRule, str]:
-    """(chunked rule, recurrent rule, name): flash-linear-attention on CUDA where installed, else the torch
-    reference functions of the module's own transformers file."""
-    fla = fla_kernels() if device.type == "cuda" else None
+def delta_rule_kernels(
+    gdn: nn.Module, device: torch.device, fla: bool = True
+) -> tuple[DeltaRule, DeltaRule, str]:
+    """(chunked rule, recurrent rule, name): flash-linear-attention on CUDA where installed and `fla`
+    (`FastOptions.fla`, `DFLASH_ZOO_FLA`), else the torch reference functions of the module's own transformers
+    file."""
+    fla = fla_kernels() if fla and device.type == "cuda" else None
     if fla is not None:
         return (*fla, "flash-linear-attention")
     home = sys.modules[type(gdn).__module__]
@@ -68,7 +68,13 @@ def delta_rule_kernels(gdn: nn.Module, device: torch.device) -> tuple[DeltaRule,
 
 
 class StaticGDN:
-    """One GDN layer: prefill (from a zero state), one-row steps (state moves on), verify + `commit`."""
+    """One GDN layer: prefill (from a zero state), one-row steps (state moves on), verify + `commit`.
+
+    Args: the layer's GDN module and its resolved parts (conv1d, gated norm, out_proj, input projections), the
+    adapter's `gdn_split`; `kernel` (the kernels of cuda/ops/gdn.py and the gated-norm kernel), `fuse` and
+    `gemv` as the target's projections; `verify` ("recurrent" or "chunk", `FastOptions.gdn_verify`) and `fla`
+    (`FastOptions.fla`).
+    """
 
     def __init__(
         self,
@@ -77,13 +83,13 @@ class StaticGDN:
         split: Callable,
         kernel: bool = False,
         fuse: bool = True,
-        gemv: bool = False,
+        gemv: Gemv = Gemv(),
+        verify: str = "recurrent",
+        fla: bool = True,
     ):
-        from dflash_zoo.cuda.static.target import FusedLinear, _project  # static.py imports this module
-
         self.gdn, (self.conv1d, self.gated_norm, self.out_proj, projections) = gdn, parts
-        # few-row output projections through the GEMV kernels, as attention's (`static._project`)
-        self.project_out = functools.partial(_project, self.out_proj, gate=None, gemv=gemv)
+        # few-row output projections through the GEMV kernels, as attention's (`linear.project`)
+        self.project_out = functools.partial(project, self.out_proj, gate=None, gemv=gemv)
         # the input projections as one GEMM (views of its output); the adapter splits them (`gdn_split`)
         self.in_proj, self.split = FusedLinear(list(projections), fuse, gemv), split
         # the gated norm (Llama-formula norm times silu(z)) in one kernel (`fused_ops.rms_norm` with a gate)
@@ -96,14 +102,12 @@ class StaticGDN:
         self.window = torch.zeros(1, channels, self.k_size - 1, device=w.device, dtype=w.dtype)
         hv, dk, dv = gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim
         self.state = torch.zeros(1, hv, dk, dv, device=w.device, dtype=torch.float32)
-        self.chunk_rule, self.recurrent_rule, self.kernels = delta_rule_kernels(gdn, w.device)
+        self.chunk_rule, self.recurrent_rule, self.kernels = delta_rule_kernels(gdn, w.device, fla)
         # transformers' reference rules want a query/key head per value head; the Triton ones group them
         self.repeat = self.kernels == "torch"
-        # verify rows through `delta_rule` too (the state kept), or with `DFLASH_ZOO_GDN_VERIFY=chunk` the chunked
-        # rule: on Qwen3.5-4B (16-row verify, one H200) 5.43 against 5.58 ms a DFlash step (docs/performance.md)
-        self.recurrent_verify = (
-            self.kernel and os.environ.get("DFLASH_ZOO_GDN_VERIFY", "recurrent") != "chunk"
-        )
+        # verify rows through `delta_rule` too (the state kept), or with verify "chunk" the chunked rule: on
+        # Qwen3.5-4B (16-row verify, one H200) 5.43 against 5.58 ms a DFlash step (docs/performance.md)
+        self.recurrent_verify = self.kernel and verify != "chunk"
         # commit through the recurrent rule where it is one kernel (flash-linear-attention), else the closed form
         self.recurrent_commit = self.kernels == "flash-linear-attention"
         self._pending: tuple[torch.Tensor, ...] | None = None  # the last verify's (conv input, k, v, g, beta)
@@ -213,16 +217,6 @@ class StaticGDN:
         self.state.copy_(gated_delta_final_state(self.state, k, v, g, beta))
 
 
-def _kernels():
-    from dflash_zoo.cuda.ops import gdn_kernels  # needs triton: imported on first use
-
-    return gdn_kernels
-
-
-ROW_BLOCK, CHANNEL_BLOCK = 16, 128  # conv rows and channels per program
-VALUE_BLOCK = 8  # value columns per delta-rule program (one warp each): Hv x Dv / 8 programs, ~4 per SM at 9B
-
-
 def conv_gates(mixed, window, conv1d: nn.Module, gdn: nn.Module, b, a, mode: str) -> tuple[torch.Tensor, ...]:
     """The conv input [1, T, C] -> q, k [1, T, Hk, Dk], v [1, T, Hv, Dv] (contiguous views of one output), the
     log decay g (fp32) and gate beta [1, T, Hv], through `gdn_conv_gates`; the window moves on unless
@@ -235,80 +229,3 @@ def conv_gates(mixed, window, conv1d: nn.Module, gdn: nn.Module, b, a, mode: str
     kd = t * gdn.key_dim
     q, k = (out[i * kd : (i + 1) * kd].view(1, t, gdn.num_k_heads, gdn.head_k_dim) for i in (0, 1))
     return q, k, out[2 * kd :].view(1, t, gdn.num_v_heads, gdn.head_v_dim), g[None], beta[None]
-
-
-def _rows(y: torch.Tensor) -> torch.Tensor:
-    """[1, T, W] with unit column stride (rows may be strided: column slices of one projection's output)."""
-    return y if y.stride(-1) == 1 else y.contiguous()
-
-
-@torch.library.custom_op("dflash_zoo::gdn_conv_gates", mutates_args=("window",))
-def gdn_conv_gates(
-    x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, b: torch.Tensor,
-    a: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, key_dim: int, zero: bool, store: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """x [1, T, C] (conv input), window [1, C, K-1], weight [C, 1, K], b and a [1, T, Hv] -> (silu(conv) as
-    q | k | v, flat [T C]; g [T, Hv] fp32; beta [T, Hv]). `zero`: the window is taken as empty; `store`: it
-    takes the last K-1 conv inputs."""
-    x, b, a = _rows(x), _rows(b), _rows(a)
-    t, c = x.shape[-2:]
-    hv, ks = b.shape[-1], weight.shape[-1]
-    out = x.new_empty(t * c)
-    g, beta = torch.empty(t, hv, device=x.device, dtype=torch.float32), b.new_empty(t, hv)
-    grid = (-(-c // CHANNEL_BLOCK), -(-t // ROW_BLOCK))
-    _kernels().conv_gates[grid](
-        x, x.stride(-2), window, weight, bias if bias is not None else weight, out, b, b.stride(-2), a, a.stride(-2),
-        a_log, dt_bias, g, beta, t, c, key_dim, hv, KS=ks, R=ROW_BLOCK, BC=CHANNEL_BLOCK, WS=_pow2(ks - 1, 2),
-        HP=_pow2(hv, 2), BIAS=bias is not None, ZERO=zero, STORE=store,
-    )  # fmt: skip
-    return out, g, beta
-
-
-@gdn_conv_gates.register_fake
-def _(x, window, weight, bias, b, a, a_log, dt_bias, key_dim, zero, store):
-    t, c, hv = x.shape[-2], x.shape[-1], b.shape[-1]
-    return x.new_empty(t * c), x.new_empty(t, hv, dtype=torch.float32), b.new_empty(t, hv)
-
-
-@torch.library.custom_op("dflash_zoo::gdn_window_commit", mutates_args=("window",))
-def window_commit(x: torch.Tensor, window: torch.Tensor, n: torch.Tensor) -> None:
-    """After a verify of conv input rows x [1, T, C]: the window [1, C, K-1] moves past the first n (0-d
-    long tensor on x's device)."""
-    x = _rows(x)
-    c, ks = x.shape[-1], window.shape[-1] + 1
-    grid = (-(-c // CHANNEL_BLOCK),)
-    _kernels().window_commit[grid](
-        x, x.stride(-2), window, n, c, KS=ks, BC=CHANNEL_BLOCK, WS=_pow2(ks - 1, 2)
-    )
-
-
-@window_commit.register_fake
-def _(x, window, n):
-    return None
-
-
-@torch.library.custom_op("dflash_zoo::gdn_delta_rule", mutates_args=("state",))
-def delta_rule(
-    q: torch.Tensor | None, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    state: torch.Tensor, n: torch.Tensor | None, store: bool = True,
-) -> torch.Tensor:  # fmt: skip
-    """The gated delta rule over rows [0, n) (all T rows when n is None) of q, k [1, T, Hk, Dk] (contiguous),
-    v [1, T, Hv, Dv], g (fp32) and beta [1, T, Hv], from `state` [1, Hv, Dk, Dv] (fp32), and with `store` back
-    into it. Returns o [1, T, Hv, Dv], or an empty tensor when q is None (a commit: only the state is wanted)."""
-    q = q.contiguous() if q is not None else None
-    k, v, g, beta = (y.contiguous() for y in (k, v, g, beta))  # the kernel reads whole rows at row strides
-    _, t, hk, dk = k.shape
-    hv, dv = v.shape[-2:]
-    out = v.new_empty(v.shape) if q is not None else v.new_empty(0)
-    grid = (-(-dv // VALUE_BLOCK), hv)
-    _kernels().delta_rule[grid](
-        q if q is not None else k, k, v, g, beta, state, out, n if n is not None else state, t, hk, hv, dk, dv,
-        dk**-0.5, DK=_pow2(dk), BV=VALUE_BLOCK, COUNT=n is not None, OUT=q is not None, STORE=store,
-        num_warps=1,
-    )  # fmt: skip
-    return out
-
-
-@delta_rule.register_fake
-def _(q, k, v, g, beta, state, n, store=True):
-    return v.new_empty(v.shape) if q is not None else v.new_empty(0)

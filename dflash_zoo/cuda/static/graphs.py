@@ -9,12 +9,31 @@ at or past the committed length, where the real step overwrites them.
 from __future__ import annotations
 
 import time
+import types
 from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
 
 Step = Callable[[], None]
+
+
+def private_code(method: Callable) -> Callable:
+    """`method` (a bound method) over a private copy of its function's code object.
+
+    Dynamo keeps compiled code, and the guards that pick it, per code object, so every engine's steps would
+    share one cache: a step of one target is then checked against guards compiled for another target's engine.
+    A guard naming a module the other target lacks (a Gemma 4 VLM's `language_model`, met by a Gemma 4 text
+    engine) makes dynamo's own recompile diagnostics raise (`KeyError: 'language_model'`, torch 2.13), and
+    from the ninth engine on the cache is full (`recompile_limit`). One code object per engine gives each its
+    own cache; nothing about the method changes.
+    """
+    func = method.__func__
+    own = types.FunctionType(
+        func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__, func.__closure__
+    )
+    own.__kwdefaults__, own.__qualname__ = func.__kwdefaults__, func.__qualname__
+    return types.MethodType(own, method.__self__)
 
 
 class Steps:

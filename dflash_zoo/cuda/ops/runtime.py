@@ -1,0 +1,73 @@
+"""What every kernel module shares: where the Triton kernels can run, the device's SM count, power-of-two tile
+sizes, and the tuner's switch and timer.
+
+The kernels run on CUDA, or anywhere under Triton's interpreter (`TRITON_INTERPRET=1`, the CPU tests), which
+Triton reads itself: `interpreting` asks Triton rather than the environment. Triton is imported on first use
+only, so importing an op module needs no triton.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (Triton's own `runtime.interpret` setting; a Triton
+    without that setting, before 3.4, counts as not interpreting)."""
+    try:
+        import triton
+    except ImportError:
+        return False
+    knobs = getattr(triton, "knobs", None)  # Triton >= 3.4
+    return bool(knobs is not None and knobs.runtime.interpret)
+
+
+def available(device: torch.device) -> str | None:
+    """None when the kernels can run on `device`, else why not."""
+    if device.type != "cuda" and not interpreting():
+        return f"the Triton kernels need a CUDA device (got {device.type})"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "the Triton kernels need the `triton` package"
+    return None
+
+
+def pow2(n: int, least: int = 16) -> int:
+    """The smallest power of two >= n and >= `least` (Triton block sizes are powers of two)."""
+    return max(least, 1 << (n - 1).bit_length())
+
+
+@functools.cache
+def _sms_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sms(t: torch.Tensor) -> int:
+    """SMs of the tensor's GPU (8 under the interpreter: only the work split depends on it)."""
+    return _sms_of(t.device.index or 0) if t.is_cuda else 8
+
+
+def tunes(x: torch.Tensor, tune: bool = True) -> bool:
+    """Whether the kernels' configs are timed for a tensor like `x`: with `tune` (`FastOptions.tune`), on CUDA,
+    outside a graph capture (steps are warmed before capture). Without `tune` each kernel takes its first config
+    untimed (the GPU tests: every config is tested on its own, and timing them all costs minutes per engine)."""
+    return tune and x.is_cuda and not torch.cuda.is_current_stream_capturing()
+
+
+def graph_ms(fn: Callable[[], object], reps: int = 10) -> float:
+    """Milliseconds per call of `fn`, `reps` calls captured in one CUDA graph (launch cost as in a step)."""
+    fn()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps

@@ -1,0 +1,75 @@
+"""Which kernels the static engine runs on a device: `FastOptions`' choices, their defaults filled in, checked.
+
+Defaults on CUDA with triton (`FastOptions.kernels`, `DFLASH_ZOO_KERNELS=0` turns them off; explicit choices
+stand either way): split-KV attention for every step, one-row projections through the GEMV, the elementwise
+work between GEMMs through the fused kernels (uncompiled only: compiled, inductor fuses those ops itself), and
+sparse MoE experts through the expert kernels for steps of up to `FastOptions.auto_moe_rows` rows. Otherwise
+SDPA (explicit sums over key chunks for a compiled one-row step), cuBLAS and torch ops. Measured on an H200:
+docs/performance.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dflash_zoo.cuda.ops.attention import BLOCK_ATTENTION, DECODE_ATTENTION
+from dflash_zoo.cuda.ops.runtime import available
+from dflash_zoo.cuda.static.linear import Gemv
+from dflash_zoo.engine.options import FastOptions
+
+# without the Triton kernels (no triton), compiled 8B-shape AR step on one H200 host: "chunks" 187 tok/s,
+# "sums" 173; SDPA lost to sums (docs/performance.md)
+COMPILED_DECODE_ATTENTION = "chunks"
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The resolved choice: attention of one-row steps (`DECODE_ATTENTION`) and of blocks (`BLOCK_ATTENTION`),
+    the GEMV for few-row projections, the fused elementwise kernels, and the most rows a step may have for the
+    expert kernels to run its sparse MoE blocks (0: never)."""
+
+    decode_attention: str
+    block_attention: str
+    gemv: bool
+    fused_ops: bool
+    moe_rows: int
+
+    def projections(self, options: FastOptions) -> Gemv:
+        """How few-row projections run (`linear.Gemv`): the GEMV where chosen, for up to `gemv_rows` rows."""
+        return Gemv(self.gemv, options.gemv_rows, options.tune)
+
+
+def choose_kernels(device: torch.device, options: FastOptions) -> Kernels:
+    """The kernels for `options` on `device`: defaults filled in, then checked (a choice the device cannot run,
+    or an unknown attention, is a `ValueError` naming it)."""
+    why = available(device)  # None: the kernels can run here
+    triton_ok = options.kernels and device.type == "cuda" and why is None
+    decode = options.decode_attention
+    if decode is None:
+        decode = "split" if triton_ok else COMPILED_DECODE_ATTENTION if options.compile else "sdpa"
+    block = options.block_attention or ("split" if triton_ok else "sdpa")
+    gemv = triton_ok if options.gemv is None else options.gemv
+    # compiled, inductor fuses those ops itself; the kernels were measured uncompiled only
+    fused = triton_ok and not options.compile if options.fused_ops is None else options.fused_ops
+    for what, name, table in [("decode", decode, DECODE_ATTENTION), ("block", block, BLOCK_ATTENTION)]:
+        if name not in table:
+            raise ValueError(f"{what}_attention must be one of {sorted(table)}, not {name!r}")
+        if name == "split" and why:
+            raise ValueError(f"{what}_attention='split': {why}")
+    for name, on in [("gemv", gemv), ("fused_ops", fused)]:
+        if on and why:
+            raise ValueError(f"{name}: {why}")
+    return Kernels(decode, block, gemv, fused, _moe_rows(why, gemv, options))
+
+
+def _moe_rows(why: str | None, gemv: bool, options: FastOptions) -> int:
+    """Steps of at most this many rows run sparse MoE experts through the expert kernels: by default every step
+    but the prefill (`auto_moe_rows`, 16) wherever the GEMV kernel runs; an explicit `moe_rows` stands, if the
+    kernels can run here."""
+    if options.moe_rows is None:
+        return options.auto_moe_rows if gemv else 0
+    if options.moe_rows and why:
+        raise ValueError(f"moe_rows: {why}")
+    return options.moe_rows
