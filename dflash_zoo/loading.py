@@ -22,6 +22,7 @@ from dflash_zoo.errors import (
     looks_like_path,
     missing_directory,
 )
+from dflash_zoo.formats import verifier
 from dflash_zoo.pipeline import Pipeline
 from dflash_zoo.sources import DRAFT_FILES, TARGET_FILES, resolve_dir
 
@@ -110,10 +111,11 @@ def load_drafter(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     revision: str | None = None,
+    allow_quantized: bool = False,
 ) -> DFlashDrafter:
     """A drafter from a local directory or a Hub id (fetched into the HF cache first, at `revision`), every
-    weight loaded strictly (`engine/checkpoint.py`)."""
-    return checkpoint.load_drafter(resolve_dir(source, revision, DRAFT_FILES), device, dtype)
+    weight loaded strictly (`engine/checkpoint.py`); a quantized one only with `allow_quantized`."""
+    return checkpoint.load_drafter(resolve_dir(source, revision, DRAFT_FILES), device, dtype, allow_quantized)
 
 
 def check_pair(model: Any, drafter: DFlashDrafter) -> None:
@@ -127,6 +129,9 @@ def check_pair(model: Any, drafter: DFlashDrafter) -> None:
         )
     for p in problems:
         log.warning("%s", p.message)
+    copies = getattr(drafter, "verifier_copies", ())  # what a speculators drafter copied from its verifier
+    if copies:
+        verifier.check(copies, verifier.model_parts(model, adapter.final_norm_path()))
 
 
 def _warn_ignored_revision(source: Any, revision: str | None, what: str) -> None:
@@ -148,6 +153,7 @@ def load(
     fast: bool | None = None,
     compile: bool = False,
     fast_options: FastOptions | None = None,
+    allow_quantized_drafter: bool = False,
 ) -> Pipeline:
     """Load a target + drafter pair and check that they fit.
 
@@ -163,6 +169,7 @@ def load(
         compile: `torch.compile` the fast engine's steps (a one-time cost, reported apart from throughput).
         fast_options: how the fast engine runs (`FastOptions`); None: `FastOptions.from_env()` (the
             `DFLASH_ZOO_*` switches of docs/performance.md). `compile=True` turns its `compile` on.
+        allow_quantized_drafter: try a quantized drafter (refused by default: docs/quantization.md).
     Returns:
         A `Pipeline` with `generate`, `stream` and `generate_autoregressive`.
     """
@@ -188,7 +195,7 @@ def load(
     drafter = (
         draft
         if isinstance(draft, DFlashDrafter)
-        else load_drafter(draft, device, torch_dtype, draft_revision)
+        else load_drafter(draft, device, torch_dtype, draft_revision, allow_quantized_drafter)
     )
     check_pair(model, drafter)
     adapter = get_adapter(model.config.model_type)(model)

@@ -175,7 +175,7 @@ def info(name: str, as_json: bool) -> None:
         "license": entry.license,
         "draft_license": entry.draft_license,
     }
-    quant = quantization.cached_report(entry.target_repo, data["pins"]["target"])  # None: config not cached
+    quant = quantization.cached_report(entry.target_repo, data["pins"]["target"], hub_cache_dir())
     data["requires"]["quantization"] = quant.to_dict() if quant else None
     data["cache"] = {
         "hub_cache": str(hub_cache_dir()),

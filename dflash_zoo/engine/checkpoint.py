@@ -25,6 +25,7 @@ from dflash_zoo.engine.config import DraftConfig, load_draft_config
 from dflash_zoo.engine.drafter import DFlashDrafter
 from dflash_zoo.engine.outdir import OWNER, OWNER_KEY
 from dflash_zoo.errors import CheckpointError, DrafterFormatError, missing_directory
+from dflash_zoo.formats import draft_vocab, quantized, verifier, weights
 
 
 def _directory(source: str | os.PathLike) -> Path:
@@ -74,18 +75,28 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def load_drafter(
-    source: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    source: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = torch.float32,
+    allow_quantized: bool = False,
 ) -> DFlashDrafter:
     """Build the drafter its config declares (dflash_zoo/drafters) from a local directory, and load every weight
     strictly: a missing, unconsumed, mis-shaped or non-finite tensor refuses the checkpoint. (A Hub id:
-    `dflash_zoo.load_drafter`, which fetches it first.)"""
+    `dflash_zoo.load_drafter`, which fetches it first.)
+
+    A drafter in another layout loads under its own tensor names, the verifier copies a speculators checkpoint
+    carries recorded for the pair check (dflash_zoo/formats); a quantized one is refused unless
+    `allow_quantized` (formats/quantized.py). `dtype` None keeps every tensor as stored (`convert`)."""
     directory = _directory(source)
     cfg = load_draft_config(directory)
+    tensors = quantized.admit(cfg.raw, read_state_dict(directory), allow_quantized)
+    split = weights.from_layout(cfg, tensors)
     with torch.device("meta"):
-        model = drafters.build(cfg)
-    state = _checked_state(model, read_state_dict(directory), directory, cfg)
+        model = draft_vocab.build(cfg)
+    state = _checked_state(model, split.state, directory, cfg)
     model.load_state_dict(state, assign=True)
     model.rotary_emb = type(model.rotary_emb)(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
+    model.verifier_copies = verifier.record(split.copies, state.get("d2t"))
     return model.to(device=device, dtype=dtype).eval()
 
 

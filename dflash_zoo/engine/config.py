@@ -93,6 +93,8 @@ class DraftConfig:
     arch: str = "dflash"  # the architecture (dflash_zoo/drafters), from `architectures`
     dflash2: DFlash2Params | None = None  # DFlash 2's convolution and selector shapes
     taps_from_default_rule: bool = False
+    draft_vocab_size: int | None = None  # a reduced draft vocabulary, with its own head (formats/)
+    layout: str = field(default="zlab", compare=False)  # the checkpoint layout it was read from (formats/)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -143,8 +145,11 @@ def normalize_draft_config(raw: dict[str, Any], num_target_layers: int | None = 
     """Normalise one raw draft config dict; `num_target_layers` fills in when the config lacks it.
 
     Every field is checked for its type and range here, so a bad config fails with one line naming the key
-    before any weights load.
+    before any weights load. A drafter in another layout (dflash_zoo/formats) reads as its z-lab equivalent.
     """
+    from dflash_zoo import formats
+
+    raw, layout = formats.as_zlab(raw)
     dcfg = raw.get("dflash_config") or {}
     if not isinstance(dcfg, dict):
         raise ConfigError(f"dflash_config must be a JSON object, got {type(dcfg).__name__}")
@@ -193,6 +198,8 @@ def normalize_draft_config(raw: dict[str, Any], num_target_layers: int | None = 
         arch=spec.name,
         dflash2=_dflash2(spec, get, hidden, _int(raw.get("vocab_size"), "vocab_size")),
         taps_from_default_rule=from_rule,
+        draft_vocab_size=_draft_vocab(spec, get("draft_vocab_size"), raw.get("vocab_size")),
+        layout=layout,
         raw=dict(raw),
     )
 
@@ -227,6 +234,18 @@ def _taps(taps: Any, n_target: int | None, layers: int) -> tuple[tuple[int, ...]
         raise ConfigError(f"target_layer_ids must be a non-empty list of layer ids, got {taps!r}")
     ids = tuple(_int(t, "target_layer_ids entry", minimum=0) for t in taps)
     return ids, False
+
+
+def _draft_vocab(spec: drafters.ArchSpec, size: Any, vocab: int) -> int | None:
+    """A reduced draft vocabulary's size (None: the target's whole vocabulary)."""
+    if size is None or size == vocab:
+        return None
+    size = _int(size, "draft_vocab_size")
+    if size > vocab:
+        raise ConfigError(f"draft_vocab_size {size} exceeds the vocabulary ({vocab})")
+    if spec is not drafters.DFLASH:  # DFlash 2's selector codebooks index the whole vocabulary
+        raise ConfigError(f"a reduced draft vocabulary ({size} of {vocab}) runs with dflash drafters only")
+    return size
 
 
 def _dflash2(spec: drafters.ArchSpec, get, hidden: int, vocab: int) -> DFlash2Params | None:

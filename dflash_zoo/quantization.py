@@ -1,0 +1,290 @@
+"""Quantized targets: what a `quantization_config` says, what runs it here, and how to load it (torch-free).
+
+A pre-quantized target (FP8, MXFP4, bitsandbytes, GPTQ, AWQ, compressed-tensors, ...) runs on the eager engine
+through transformers' own quantizer, which needs its packages and, for its fast kernels, a recent enough GPU
+(below it, transformers dequantizes FP8 and MXFP4 to bf16 itself, or refuses). `report` says which, naming what
+is missing, from the config alone (packages by `importlib.util.find_spec`, the GPU by `nvidia-smi`), for `check`
+and `info`. The fast engine runs no quantized target yet: its FP8 path is being built, and until then
+`quantized_reason` is why engine selection (engine/select.py) falls back to eager. `load_kwargs` is how
+`TargetAdapter.from_pretrained` loads one: placed by its quantizer at load (`device_map`; bitsandbytes models
+cannot be moved afterwards) in a dtype its kernels take.
+
+Field evidence (docs/quantization.md): FP8, NVFP4 and MXFP4 targets keep a mean acceptance of about 4 to 5.5
+with a bf16 drafter; quantizing the drafter is what fails (formats/quantized.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from dflash_zoo.errors import UnsupportedModelError
+
+# why a quantized drafter is refused by default (formats/quantized.py; docs/quantization.md has the details)
+EVIDENCE = (
+    "SGLang ran a W4A16 DFlash 2 drafter at ~0% acceptance without a warning (sgl-project/sglang#39087); "
+    "vLLM failed to load quantized drafters (vllm-project/vllm#53116, #53107, #51581)"
+)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One `quant_method` as transformers loads it: the packages its quantizer needs, and its GPU floor."""
+
+    label: str
+    packages: tuple[str, ...]  # import names transformers' quantizer requires to load it at all
+    kernels: tuple[str, ...] = ()  # import names its fast GPU kernels need on top
+    capability: tuple[int, int] | None = None  # minimum CUDA compute capability of those kernels
+    below: str = "transformers refuses it"  # what happens below that capability, or without the kernels
+    loadable: bool = True  # transformers loads a pre-quantized checkpoint of it
+    hub_kernel: str | None = None  # the Hub repo its kernel is fetched from (once, into the HF cache)
+
+
+# transformers 5.17 to 5.25 `quantizers/quantizer_*.py` `validate_environment`
+METHODS: dict[str, Method] = {
+    "fp8": Method(
+        "FP8",
+        ("accelerate",),
+        ("kernels",),
+        (8, 9),
+        "transformers dequantizes it to bf16",
+        hub_kernel="kernels-community/finegrained-fp8",
+    ),
+    "fbgemm_fp8": Method("FP8 (fbgemm)", ("accelerate", "fbgemm_gpu"), (), (9, 0)),
+    "mxfp4": Method(
+        "MXFP4",
+        ("accelerate",),
+        ("triton", "kernels"),
+        (7, 5),
+        "transformers dequantizes it to bf16",
+        hub_kernel="kernels-community/gpt-oss-triton-kernels",
+    ),
+    "bitsandbytes_4bit": Method("bitsandbytes 4-bit", ("accelerate", "bitsandbytes")),
+    "bitsandbytes_8bit": Method("bitsandbytes 8-bit", ("accelerate", "bitsandbytes")),
+    "gptq": Method("GPTQ", ("optimum", "gptqmodel")),
+    "awq": Method("AWQ", ("accelerate", "gptqmodel")),
+    "compressed-tensors": Method("compressed-tensors", ("compressed_tensors",)),
+    "nvfp4": Method("NVFP4", (), loadable=False),
+    "modelopt": Method("NVIDIA ModelOpt", (), loadable=False),
+}
+FAST_METHODS: frozenset[str] = frozenset()  # what the fast engine runs; "fp8" joins once its FP8 path lands
+_HALF_ONLY = ("gptq", "awq")  # their CUDA kernels take fp16
+
+
+@dataclass(frozen=True)
+class QuantReport:
+    """What a target's quantization is and what will run it here."""
+
+    method: str | None  # transformers' quant_method; None: not quantized
+    details: str  # e.g. "block-wise 128x128, dynamic activations"
+    eager: str  # how the eager engine runs it, or why it cannot
+    fast: str  # the fast engine's answer
+    missing: tuple[str, ...]  # packages transformers needs that are not installed
+    status: str  # PASS (runs), WARN (runs degraded, or after installing `missing`), FAIL (cannot run here)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "detail": self.detail}
+
+    @property
+    def detail(self) -> str:
+        """One line for `check` and `info`."""
+        if self.method is None:
+            return "not quantized"
+        what = f"{self.method} ({self.details})" if self.details else self.method
+        return f"{what}; eager: {self.eager}; fast engine: {self.fast}"
+
+
+def method_of(qcfg: Any) -> str:
+    """transformers' quant_method of a `quantization_config` (dict or config object); bitsandbytes by its bits."""
+    data = qcfg if isinstance(qcfg, dict) else getattr(qcfg, "to_dict", lambda: vars(qcfg))()
+    method = str(data.get("quant_method", "unknown")).lower()
+    if method == "bitsandbytes":
+        return "bitsandbytes_8bit" if data.get("load_in_8bit") else "bitsandbytes_4bit"
+    return method
+
+
+def details(qcfg: dict[str, Any]) -> str:
+    """The scheme in a few words: block size, bits, groups, activation scheme, compressed-tensors formats."""
+    parts = []
+    block = qcfg.get("weight_block_size")
+    if block:
+        parts.append(f"block-wise {'x'.join(str(b) for b in block)}")
+    if qcfg.get("bits"):
+        parts.append(f"{qcfg['bits']}-bit")
+    if qcfg.get("group_size"):
+        parts.append(f"group {qcfg['group_size']}")
+    if qcfg.get("bnb_4bit_quant_type"):
+        parts.append(qcfg["bnb_4bit_quant_type"])
+    if qcfg.get("activation_scheme"):
+        parts.append(f"{qcfg['activation_scheme']} activations")
+    if qcfg.get("format"):
+        parts.append(str(qcfg["format"]))
+    if qcfg.get("quant_algo"):
+        parts.append(str(qcfg["quant_algo"]))
+    return ", ".join(parts)
+
+
+def has_package(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+@lru_cache(maxsize=1)
+def gpu_capability() -> tuple[int, int] | None:
+    """The first visible NVIDIA GPU's compute capability from `nvidia-smi` (no torch); None without one."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if (visible is not None and visible.strip() in ("", "-1")) or shutil.which("nvidia-smi") is None:
+        return None
+    query = ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=20, check=True).stdout
+        major, _, minor = out.strip().splitlines()[0].strip().partition(".")
+        return int(major), int(minor or 0)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def report(config: dict[str, Any], have: Any = has_package, gpu: Any = gpu_capability) -> QuantReport:
+    """What the target config's `quantization_config` is and what runs it here (`have(name)`, `gpu()` probe)."""
+    qcfg = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
+    if not qcfg:
+        return QuantReport(None, "", "transformers' own modules", "as for any target", (), "PASS")
+    method = method_of(qcfg)
+    spec = METHODS.get(method)
+    fast = _fast_answer(method)
+    if spec is None:
+        return QuantReport(method, details(qcfg), f"transformers' {method} quantizer (requirements not known "
+                           "to dflash-zoo)", fast, (), "WARN")  # fmt: skip
+    if not spec.loadable:
+        why = "transformers loads no pre-quantized checkpoint of it; vLLM / SGLang serve it (`dflash-zoo serve`)"
+        return QuantReport(method, details(qcfg), why, fast, (), "FAIL")
+    missing = tuple(p for p in spec.packages if not have(p))
+    eager, status = _eager_answer(spec, have, gpu())
+    if missing:
+        eager, status = (
+            f"needs {', '.join(missing)} installed (pip install {' '.join(_dist(p) for p in missing)})",
+            "WARN",
+        )
+    return QuantReport(method, details(qcfg), eager, fast, missing, status)
+
+
+def _eager_answer(spec: Method, have: Any, capability: tuple[int, int] | None) -> tuple[str, str]:
+    if not spec.kernels and spec.capability is None:
+        return f"transformers' {spec.label} quantizer", "PASS"
+    absent = [k for k in spec.kernels if not have(k)]
+    floor = ".".join(str(v) for v in spec.capability) if spec.capability else None
+    if capability is None:
+        return f"no GPU seen: {spec.below} (its kernels need CUDA compute capability >= {floor})", "WARN"
+    if spec.capability and capability < spec.capability:
+        have_cc = ".".join(str(v) for v in capability)
+        return f"GPU compute capability {have_cc} < {floor}: {spec.below}", "WARN"
+    if absent:
+        return f"without {', '.join(absent)} {spec.below}", "WARN"
+    fetched = f", kernel {spec.hub_kernel} from the Hub or the HF cache" if spec.hub_kernel else ""
+    return (
+        f"transformers' {spec.label} kernels (compute capability {'.'.join(map(str, capability))}{fetched})",
+        "PASS",
+    )
+
+
+def _fast_answer(method: str) -> str:
+    if method in FAST_METHODS:
+        return "runs it"
+    if method == "fp8":
+        return "falls back to eager until its FP8 path lands"
+    return "falls back to eager (it runs FP8 targets only, once that path lands)"
+
+
+def _dist(module: str) -> str:
+    """The pip distribution of an import name."""
+    return {"compressed_tensors": "compressed-tensors", "fbgemm_gpu": "fbgemm-gpu"}.get(module, module)
+
+
+def quantized_reason(adapter: Any) -> str | None:
+    """Why the fast engine does not run this target (None: it is not quantized, or the fast engine runs it).
+
+    A checkpoint transformers dequantized on load (FP8 / MXFP4 without their kernels) has plain weights: no
+    reason. Called from engine/select.py for `pipe.last_choice`.
+    """
+    model = adapter.model
+    qcfg = getattr(model.config, "quantization_config", None)
+    if qcfg is None or not (getattr(model, "is_quantized", False) or getattr(model, "hf_quantizer", None)):
+        return None
+    method = method_of(qcfg)
+    if method in FAST_METHODS:
+        return None
+    label = METHODS[method].label if method in METHODS else method
+    if method == "fp8":
+        return f"the target is {label}-quantized and the fast engine's FP8 path is not built yet"
+    return f"the target is {label}-quantized; the fast engine runs no {label} targets"
+
+
+def cached_report(repo: str, revision: str | None, cache_dir: str | Path) -> QuantReport | None:
+    """The report for a Hub repo's `config.json` as the HF cache at `cache_dir` holds it (no network); None: not
+    cached."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo, "config.json", cache_dir=str(cache_dir), revision=revision)
+    except ValueError:  # not a valid repo id
+        return None
+    return report(read_config(Path(found).parent)) if isinstance(found, str) else None
+
+
+def read_config(directory: str | Path) -> dict[str, Any]:
+    """A model directory's `config.json` as a dict ({} when there is none: transformers reports that)."""
+    path = Path(directory) / "config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def check_loadable(config: dict[str, Any]) -> None:
+    """Refuse a quantized target transformers cannot load here, naming the package to install or the reason."""
+    r = report(config)
+    if r.method is None:
+        return
+    if r.missing:
+        raise UnsupportedModelError(
+            f"the target is {r.method}-quantized and transformers needs {', '.join(r.missing)} to load it",
+            hint=f"pip install {' '.join(_dist(p) for p in r.missing)}",
+        )
+    if r.status == "FAIL":
+        raise UnsupportedModelError(f"the target is {r.method}-quantized: {r.eager}")
+
+
+def load_kwargs(directory: str | Path, dtype: Any, device: Any) -> dict[str, Any]:
+    """`from_pretrained` keywords for a pre-quantized checkpoint ({} for any other): placed on `device` by its
+    quantizer at load, in the dtype its CUDA kernels take (fp16 for GPTQ / AWQ, bf16 for an fp32 request)."""
+    config = read_config(directory)
+    qcfg = config.get("quantization_config") or (config.get("text_config") or {}).get("quantization_config")
+    if not qcfg:
+        return {}
+    check_loadable(config)
+    out: dict[str, Any] = {"device_map": {"": str(device)}}
+    if str(device).startswith("cuda"):
+        import torch  # only here: the caller is loading weights
+
+        if method_of(qcfg) in _HALF_ONLY:
+            out["dtype"] = torch.float16
+        elif dtype == torch.float32:  # quantized kernels take 16-bit activations
+            out["dtype"] = torch.bfloat16
+    return out
+
+
+def check_rows(target_config: dict[str, Any], draft_raw: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """`check`'s rows (name, status, detail): the target's quantization, and a quantized drafter if it is one."""
+    r = report(target_config)
+    rows = [("quantization", r.status, r.detail)]
+    qcfg = draft_raw.get("quantization_config")
+    if qcfg:
+        why = (
+            f"the drafter is {method_of(qcfg)}-quantized: refused by default because {EVIDENCE}; "
+            "--allow-quantized-drafter tries it (FP8 block-scaled weights only, dequantized)"
+        )
+        rows.append(("drafter quantization", "FAIL", why))
+    return rows
