@@ -378,10 +378,21 @@ class TargetAdapter:
     @classmethod
     def load_model(cls, directory: str, dtype: Any, device: Any) -> Any:
         """Load the target from a local directory with transformers' own classes (never remote code)."""
+        return cls.from_pretrained(directory, dtype, device)
+
+    @classmethod
+    def from_pretrained(cls, directory: str, dtype: Any, device: Any, **kwargs: Any) -> Any:
+        """`auto_class.from_pretrained` on `device`, in eval mode: a pre-quantized checkpoint is placed by its
+        quantizer at load, in a dtype its kernels take (dflash_zoo/quantization.py `load_kwargs`), any other is
+        loaded, then moved."""
         import transformers
 
+        from dflash_zoo import quantization
+
+        place = quantization.load_kwargs(directory, dtype, device)
         auto = getattr(transformers, cls.auto_class)
-        return auto.from_pretrained(directory, dtype=dtype).to(device).eval()
+        model = auto.from_pretrained(directory, **{"dtype": dtype, **kwargs, **place})
+        return (model if place else model.to(device)).eval()
 
     # ---- structure -------------------------------------------------------------------------------
     @property

@@ -49,8 +49,5 @@ class GptOssAdapter(TargetAdapter):
     def load_model(
         cls, directory: str, dtype: Any, device: Any, attn_implementation: str | None = None
     ) -> Any:
-        import transformers
-
-        auto = getattr(transformers, cls.auto_class)
         impl = attn_implementation or cls.attn_implementation
-        return auto.from_pretrained(directory, dtype=dtype, attn_implementation=impl).to(device).eval()
+        return cls.from_pretrained(directory, dtype, device, attn_implementation=impl)

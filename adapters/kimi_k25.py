@@ -54,5 +54,4 @@ class KimiK25Adapter(DeepseekV3Adapter):
         if checkpoint_has_lm_head(directory):
             config.tie_word_embeddings = False
             config.get_text_config().tie_word_embeddings = False
-        auto = getattr(transformers, cls.auto_class)
-        return auto.from_pretrained(directory, config=config, dtype=dtype).to(device).eval()
+        return cls.from_pretrained(directory, dtype, device, config=config)

@@ -45,5 +45,4 @@ class MiniMaxM2Adapter(TargetAdapter):
         import transformers
 
         config = fix_partial_rotary(transformers.AutoConfig.from_pretrained(directory))
-        auto = getattr(transformers, cls.auto_class)
-        return auto.from_pretrained(directory, config=config, dtype=dtype).to(device).eval()
+        return cls.from_pretrained(directory, dtype, device, config=config)

@@ -39,6 +39,12 @@ devices_option = click.option(
 )
 
 
+def _remember_flag(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Keep a flag in the context's meta (shared by the command's whole context chain)."""
+    ctx.meta[param.name] = value
+    return value
+
+
 def model_options(f):
     """Options shared by generate, chat (and reused by eval/bench)."""
     opts = [
@@ -60,6 +66,13 @@ def model_options(f):
             show_default=True,
             help="torch.compile the CUDA fast engine's steps: a one-time compile (~3 min for an 8B target); "
             "with the default Triton kernels it measured no faster on an 8B shape (docs/performance.md).",
+        ),
+        click.option(  # read by load_pipeline from the context: no parameter on every command
+            "--allow-quantized-drafter",
+            is_flag=True,
+            expose_value=False,
+            callback=_remember_flag,
+            help="Try a quantized drafter (refused by default: docs/quantization.md has the evidence).",
         ),
     ]
     for opt in reversed(opts):
@@ -146,6 +159,7 @@ def load_pipeline(target, draft, device, dtype, revision, draft_revision, device
             draft_revision=draft_revision,
             device_map=devices,
             compile=compile_steps,
+            allow_quantized_drafter=click.get_current_context().meta.get("allow_quantized_drafter", False),
         )
     if compile_steps and (pipe.device.type != "cuda" or pipe.placement is not None):
         hint("--compile applies to the single-GPU fast engine only; ignored here")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from dflash_zoo.engine.options import EngineOptions
 from dflash_zoo.engine.static_support import cuda_unverified_reason, drafter_reason, unsupported_reason
+from dflash_zoo.quantization import quantized_reason
 
 if TYPE_CHECKING:
     from dflash_zoo.adapters.base import TargetAdapter
@@ -69,6 +70,7 @@ def choose_engine(
     else:
         graphs = options.fast_options.graphs
         reason = unsupported_reason(adapter, graphs=cuda if graphs is None else graphs)
+        reason = reason or quantized_reason(adapter)  # the fast engine runs no quantized target yet
         if reason is None and drafter is not None:
             reason = drafter_reason(drafter)
         unverified = cuda_unverified_reason(adapter) if cuda and options.fast is None else None

@@ -88,6 +88,7 @@ def check_pair(
         NotFoundError / OfflineError / ConfigError: a config cannot be found or read (exit 1).
         InvalidArgumentError: `target` names a drafter (exit 2).
     """
+    from dflash_zoo.quantization import check_rows as quantization_rows
     from dflash_zoo.zoo import hub
 
     reg = registry or load_registry()
@@ -100,6 +101,7 @@ def check_pair(
     extra = [CheckRow("draft config", "WARN", n) for n in notes]
     rows = _adapter_rows(fp.model_type, cls) + _field_rows(cls or TargetAdapter, tcfg, dcfg)
     rows += extra + _entry_rows(dside, dcfg, cls) + _pair_rows(tside, dside, fp)
+    rows += [CheckRow(*row) for row in quantization_rows(tcfg, dcfg.raw)]
     verdict = "incompatible" if any(r.status == "FAIL" for r in rows) else "compatible"
     dfp = DraftFingerprint(
         dcfg.block_size, dcfg.target_layer_ids, dcfg.mask_token_id, dcfg.num_hidden_layers, dcfg.arch
