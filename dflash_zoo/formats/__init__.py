@@ -14,8 +14,8 @@ Contract:
   them into the z-lab config dict it is equivalent to, refusing what our drafter cannot run exactly, with the
   reason. `engine/config.normalize_draft_config` calls it, so `check`, `info`, loading and `convert` read every
   layout the same way. Torch-free: the layouts' config modules import neither torch nor transformers.
-- Tensor names per layout, the reading of verifier copies and reduced vocabularies, and the writers live in
-  `weights.py`, `verifier.py`, `draft_vocab.py` and `write.py` (torch).
+- Tensor names per layout, verifier copies, reduced vocabularies, quantized drafters and the writers live in
+  `weights.py`, `verifier.py`, `draft_vocab.py`, `quantized.py` and `write.py` (torch).
 """
 
 from __future__ import annotations

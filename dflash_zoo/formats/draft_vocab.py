@@ -3,9 +3,9 @@
 Such a drafter has a head of its own, `lm_head: H -> Vd` (speculators fills it with the target head's rows that
 `t2d` selects), and `d2t [Vd]` maps draft id d to target id d + d2t[d] (the EAGLE-3 convention vLLM and
 speculators share). Its drafter logits are the head's, placed at their target ids of a full-vocabulary row
-that is -inf elsewhere: the greedy proposal is the draft argmax mapped through `d2t` (ties: the lower draft id,
-which `d2t`'s increasing ids keep the lower target id), and a sampled q is zero outside the draft vocabulary,
-which speculative sampling covers through the residual. The static engine projects through the target's head,
+that is -inf elsewhere: the greedy proposal is the draft argmax mapped through `d2t` (an exact tie goes to the
+lower target id, the lower draft id too where the map increases, as speculators builds it), and a sampled q is
+zero outside the draft vocabulary, which speculative sampling covers through the residual. The static engine projects through the target's head,
 so these drafters run on the eager engine (`static_supported`).
 """
 
