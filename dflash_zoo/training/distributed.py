@@ -18,6 +18,7 @@ gathered weights) before the trainer's hooks, and every rank stops at the same l
 
 from __future__ import annotations
 
+import atexit
 import os
 from datetime import timedelta
 from typing import Any
@@ -34,7 +35,14 @@ def dist_info() -> tuple[int, int, int]:
     if world > 1 and not torch.distributed.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         torch.distributed.init_process_group(backend, timeout=_TIMEOUT)
+        # torn down before the interpreter exits: gloo's threads alive at exit abort the process (SIGABRT)
+        atexit.register(_destroy)
     return int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def _destroy() -> None:
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def active() -> bool:

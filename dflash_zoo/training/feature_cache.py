@@ -169,8 +169,8 @@ def check_root(root: Path) -> None:
 
 
 def _ours(p: Path) -> bool:
-    """A rank directory, or another rank's writability probe (there only for an instant)."""
-    return p.is_dir() and (_RANK_DIR.fullmatch(p.name) is not None or _PROBE.fullmatch(p.name) is not None)
+    """A rank directory, or another rank's writability probe (there only for an instant: maybe gone now)."""
+    return _PROBE.fullmatch(p.name) is not None or (p.is_dir() and _RANK_DIR.fullmatch(p.name) is not None)
 
 
 class FeatureCache:
