@@ -114,7 +114,7 @@ def cli(verbose: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the group and maps errors to one-line messages and exit codes."""
-    from dflash_zoo.errors import PipeClosedError, ZooError, from_exception
+    from dflash_zoo.errors import PipeClosedError, ZooError, from_exception, hint_for
 
     debug = os.environ.get("DFLASH_ZOO_DEBUG", "") not in ("", "0")
     args = sys.argv[1:] if argv is None else list(argv)
@@ -141,13 +141,13 @@ def main(argv: list[str] | None = None) -> None:
     except ZooError as exc:
         if debug:
             raise
-        _fail(str(exc), exc.hint, exc.exit_code, as_json)
+        _fail(str(exc), hint_for(exc), exc.exit_code, as_json)
     except Exception as exc:  # unexpected: one line unless debugging
         known = from_exception(exc)
         if debug:
             raise
         if known is not None:
-            _fail(str(known), known.hint, known.exit_code, as_json)
+            _fail(str(known), hint_for(known), known.exit_code, as_json)
         report = "rerun with DFLASH_ZOO_DEBUG=1 for the traceback and report it"
         _fail(f"{type(exc).__name__}: {exc}", report, 1, as_json)
 

@@ -66,6 +66,32 @@ class PipeClosedError(Exception):
     """
 
 
+def hint_for(exc: ZooError) -> str:
+    """The error's own hint, else the next step its kind always has (every error the CLI prints has one)."""
+    if exc.hint:
+        return exc.hint
+    for kind, hint in _KIND_HINTS:
+        if isinstance(exc, kind):
+            return hint
+    return (
+        "`dflash-zoo COMMAND --help` shows what each argument takes; DFLASH_ZOO_DEBUG=1 shows where it failed"
+    )
+
+
+_KIND_HINTS: tuple[tuple[type[ZooError], str], ...] = (
+    (IncompatiblePairError, "`dflash-zoo check --target T --draft D` explains the pair"),
+    (InvalidArgumentError, "`dflash-zoo COMMAND --help` shows what each argument takes"),
+    (NotFoundError, "check the name or path; `dflash-zoo list` shows the registry ids"),
+    (OfflineError, "run the command online once (HF_HUB_OFFLINE unset), or `dflash-zoo pull ID` first"),
+    (
+        ConfigError,
+        "fix the file it names (or fetch it again); `dflash-zoo check` reads configs without loading",
+    ),
+    (CheckpointError, "fetch the files again (`dflash-zoo pull ID --verify --force`), or save them again"),
+    (UnsupportedModelError, "`dflash-zoo list` shows the supported pairs and families"),
+)
+
+
 def from_exception(exc: BaseException) -> ZooError | None:
     """A `ZooError` for a well-known failure that reached the CLI unhandled (file system, CUDA), else None."""
     if isinstance(exc, OSError) and exc.errno in _FS_ERRNOS:

@@ -130,7 +130,7 @@ def decoding_options(f):
             "--image",
             "images",
             multiple=True,
-            type=click.Path(dir_okay=False),
+            type=click.Path(exists=True, dir_okay=False),
             help="Image file for a VLM target (repeatable); seen at prefill, drafting stays text-only.",
         ),
     ]
@@ -244,6 +244,10 @@ def precheck_models(target: str | None, draft: str | None, registry: bool = True
         from dflash_zoo.engine.target_files import check_target_dir
 
         check_target_dir(Path(target).expanduser())
+    if draft and os.path.isdir(os.path.expanduser(draft)):
+        from dflash_zoo.engine.config import load_draft_config
+
+        load_draft_config(Path(draft).expanduser())  # what the loader reads first: its errors, before torch
 
 
 def gen_kwargs(params: dict[str, Any]) -> dict[str, Any]:

@@ -91,7 +91,10 @@ def _serve_spec(ref: Ref, engine: str, target, port, tp, block_size, extra: tupl
         recipe = sv.recipe_for("", engine)
         return sv.ServeSpec(target, ref.repo_id, block, None, port, extra, None, recipe, tp or 1), ref.name
     if entry.declared_status == "unsupported-here":
-        raise UnsupportedModelError(f"{entry.slug} is marked unsupported here: {entry.reason}")
+        raise UnsupportedModelError(
+            f"{entry.slug} is marked unsupported here: {entry.reason}",
+            hint="`dflash-zoo list` shows the entries that can be served",
+        )
     if entry.status == "unsupported-here":  # dflash-zoo's own adapter is missing: the engine needs none
         hint(
             f"dflash-zoo itself cannot run {entry.slug} here ({entry.reason}); {engine} serves it on its own"

@@ -87,20 +87,26 @@ def _decode(raw: bytes, n: int, path: Path) -> str:
         ) from exc
 
 
+_LINE_HINT = (
+    'fix that line: one JSON object per line, {"text": ...}, {"prompt": ..., "response": ...} or '
+    '{"messages": [{"role": ..., "content": ...}]}'
+)
+
+
 def _parse(line: str, n: int, path: Path) -> Record:
     where = f"{path}:{n}"
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise DataError(f"{where}: not valid JSON ({exc.msg})") from exc
+        raise DataError(f"{where}: not valid JSON ({exc.msg})", hint=_LINE_HINT) from exc
     if not isinstance(obj, dict):
-        raise DataError(f"{where}: expected a JSON object with text, prompt or messages")
+        raise DataError(f"{where}: expected a JSON object with text, prompt or messages", hint=_LINE_HINT)
     if isinstance(obj.get("text"), str):
         return Record(n, text=obj["text"])
     if isinstance(obj.get("prompt"), str):
         resp = obj.get("response")
         if resp is not None and not isinstance(resp, str):
-            raise DataError(f"{where}: response must be a string")
+            raise DataError(f"{where}: response must be a string", hint=_LINE_HINT)
         return Record(n, prompt=obj["prompt"], response=resp)
     msgs = obj.get("messages")
     if isinstance(msgs, list) and msgs and all(_is_message(m) for m in msgs):
@@ -110,7 +116,8 @@ def _parse(line: str, n: int, path: Path) -> Record:
             )
         return Record(n, prompt=msgs)
     raise DataError(
-        f"{where}: expected a string 'text', a string 'prompt' or a non-empty 'messages' list of {{role, content}}"
+        f"{where}: expected a string 'text', a string 'prompt' or a non-empty 'messages' list of {{role, content}}",
+        hint=_LINE_HINT,
     )
 
 

@@ -57,7 +57,10 @@ def resolve_target(
     """
     named = _lookup(reg, name, config)
     if named and named[1] == "draft":
-        raise InvalidArgumentError(f"{name} is a drafter; pass it as --draft and its target as --target")
+        raise InvalidArgumentError(
+            f"{name} is a drafter; pass it as --draft and its target as --target",
+            hint=f"`dflash-zoo info {name}` names its target",
+        )
     cfg, source = _target_config(name, config, named[0] if named else None, offline, reg)
     cls = find_adapter(str(cfg.get("model_type", "")))
     try:
@@ -168,7 +171,10 @@ def _local_config(name: str | None) -> Path | None:
     if path is None or not path.exists():
         return None
     if path.is_dir() and not (path / "config.json").is_file():
-        raise ConfigError(f"{path} is a directory without config.json")
+        raise ConfigError(
+            f"{path} is a directory without config.json",
+            hint="point at the model's own folder (the one holding config.json), or pass --config FILE",
+        )
     return path / "config.json" if path.is_dir() else path
 
 

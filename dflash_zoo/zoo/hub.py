@@ -421,9 +421,15 @@ def hub_errors(repo_id: str, revision: str | None, offline: bool) -> Iterator[No
             f"no such repo: {repo_id}", hint="check the id, or `hf auth login` if private"
         ) from exc
     except e.RevisionNotFoundError as exc:
-        raise NotFoundError(f"{repo_id} has no revision {rev!r}") from exc
+        raise NotFoundError(
+            f"{repo_id} has no revision {rev!r}",
+            hint=f"check the branch, tag or commit; {hub_endpoint()}/{repo_id}/commits/main lists them",
+        ) from exc
     except e.RemoteEntryNotFoundError as exc:
-        raise NotFoundError(f"a file of {repo_id} is missing at {rev!r}: {_url_tail(exc)}") from exc
+        raise NotFoundError(
+            f"a file of {repo_id} is missing at {rev!r}: {_url_tail(exc)}",
+            hint="the repo changed while it was read: pull again",
+        ) from exc
     except (e.LocalEntryNotFoundError, e.OfflineModeIsEnabled) as exc:
         if offline or isinstance(exc, e.OfflineModeIsEnabled):
             raise OfflineError(
@@ -437,7 +443,10 @@ def hub_errors(repo_id: str, revision: str | None, offline: bool) -> Iterator[No
             raise HubUnavailableError(
                 f"{hub_endpoint()} answered HTTP {status} for {repo_id}", _RETRY
             ) from exc
-        raise ZooError(f"Hub request for {repo_id} failed: {str(exc).splitlines()[0]}") from exc
+        raise ZooError(
+            f"Hub request for {repo_id} failed: {str(exc).splitlines()[0]}",
+            hint="check the repo id and your token (`hf auth login`), then retry",
+        ) from exc
     except Exception as exc:
         if type(exc).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "requests", "urllib3"):
             raise HubUnavailableError(f"could not reach {hub_endpoint()}: {exc}", _RETRY) from exc

@@ -203,7 +203,10 @@ def load_registry(extra: str | Path | None = None) -> Registry:
             raise ConfigError(
                 f"extra registry {path} does not exist", hint="fix or unset DFLASH_ZOO_REGISTRY"
             )
-        entries += _load_file(path.read_text(encoding="utf-8"), str(path))
+        try:
+            entries += _load_file(path.read_text(encoding="utf-8"), f"extra registry {path}")
+        except ConfigError as exc:  # the file DFLASH_ZOO_REGISTRY names: say how to do without it
+            raise ConfigError(str(exc), hint=exc.hint or "fix it, or unset DFLASH_ZOO_REGISTRY") from exc
     _check_unique(entries)
     return Registry(tuple(_apply_adapter_rule(e) for e, _ in entries))
 
