@@ -186,3 +186,33 @@ def test_api_refuses_a_non_finite_temperature(pair_dirs, temperature):
     pipe = load(str(pair_dirs[0]), str(pair_dirs[1]), device="cpu")
     with pytest.raises(InvalidArgumentError, match="temperature must be a finite number"):
         pipe.generate("x", raw=True, max_new_tokens=2, temperature=temperature)
+
+
+def test_eval_reports_progress_as_plain_lines_without_a_terminal(pair_dirs, tmp_path):
+    """Into a pipe or a log, eval's progress and its summary still reach stderr (as lines, not a spinner)."""
+    from tests.cli_runner import run_cli
+
+    target, draft = pair_dirs
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"text": "hello there, general"}\n{"text": "one two three four"}\n')
+    run = run_cli("eval", "-t", str(target), "-d", str(draft), "--data", str(data), "--raw", "-n", "4",
+                  "--no-baseline", "--device", "cpu")  # fmt: skip
+    assert run.code == 0, run.stderr
+    lines = run.stderr.splitlines()
+    assert lines[0] == "evaluating 2 prompt(s)..."
+    assert lines[-1].startswith("evaluated 2 prompt(s): mean acceptance length ")
+    assert "mean acceptance length" in run.stdout  # the table: data stays on stdout
+
+
+def test_bench_shows_no_transformers_loading_bar(pair_dirs, tmp_path):
+    """`bench` says what it builds; transformers' own "Loading weights" bar stays off."""
+    from transformers.utils import logging as tf_logging
+
+    from tests.cli_runner import run_cli
+
+    target, draft = pair_dirs
+    tf_logging.enable_progress_bar()  # as in a fresh process (another test may have turned it off)
+    run = run_cli("bench", "-t", str(target), "-d", str(draft), "--device", "cpu", "--prompt-tokens", "8",
+                  "-n", "4", "--repeats", "1", "--warmup", "0", "--out", str(tmp_path / "r.json"))  # fmt: skip
+    assert run.code == 0, run.stderr
+    assert "building " in run.stderr and "Loading weights" not in run.stderr and "it/s" not in run.stderr
