@@ -265,3 +265,29 @@ def test_check_without_a_reachable_hub_fails_fast(tmp_path, target, code):
         assert proc.stderr.strip() == ""
     else:
         assert_one_line(proc.stderr, "could not reach", "HF_HUB_OFFLINE")
+
+
+@pytest.mark.skipif(
+    shutil.which("setpriv") is None, reason="setpriv drops root's capability to read any file"
+)
+def test_permission_denied_on_a_read_says_cannot_read_not_choose_a_writable_location(tmp_path):
+    """An EACCES that reaches the error table: on a read it names the file and how to make it readable, on a
+    write the location to change (run without root's capabilities, as a normal user meets it)."""
+    unreadable = tmp_path / "config.json"
+    unreadable.write_text("{}")
+    unreadable.chmod(0)
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    code = (
+        "import sys\nfrom dflash_zoo.errors import from_exception\n"
+        "for act in (lambda: open(sys.argv[1]).read(), lambda: open(sys.argv[2] + '/new', 'w')):\n"
+        "    try:\n        act()\n    except OSError as exc:\n"
+        "        known = from_exception(exc)\n        print(known, '|', known.hint)\n"
+    )
+    prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    done = subprocess.run([*prefix, sys.executable, "-c", code, str(unreadable), str(locked)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    read, write = done.stdout.splitlines()
+    assert read == f"cannot read {unreadable}: permission denied | make it readable (chmod a+r {unreadable}), " \
+        "or run as a user who can read it"  # fmt: skip
+    assert write.startswith(f"permission denied: {locked}/new | ") and "writable" in write
