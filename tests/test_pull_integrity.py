@@ -126,7 +126,9 @@ def test_a_mirror_listing_no_sizes_pulls_with_sizes_from_the_download(zoo_regist
     assert {p: (snap / p).read_bytes() for p in DRAFT_FILES} == DRAFT_FILES
     assert (snap / "model.safetensors").resolve() == (blobs() / file_etag(WEIGHTS)).resolve()
     again = json.loads(cli("pull", "tiny-test", "--json").stdout)["repos"][0]  # sizes from the cached files
-    assert again["up_to_date"] and {f["size"] for f in again["files"]} == {len(d) for d in DRAFT_FILES.values()}
+    assert again["up_to_date"] and {f["size"] for f in again["files"]} == {
+        len(d) for d in DRAFT_FILES.values()
+    }
 
 
 def test_a_mirror_listing_no_sizes_still_refuses_corrupt_bytes(zoo_registry, hub_env):

@@ -352,9 +352,9 @@ def pull_missing(name: str) -> None:
     import os
 
     from dflash_zoo.api import TARGET_FILES, locked_revision
-    from dflash_zoo.sources import DRAFT_FILES
     from dflash_zoo.errors import looks_like_path, missing_directory
     from dflash_zoo.output import human_size
+    from dflash_zoo.sources import DRAFT_FILES
     from dflash_zoo.zoo import hub
     from dflash_zoo.zoo.registry import load_registry
 
