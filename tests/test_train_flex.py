@@ -17,17 +17,20 @@ from dflash_zoo.engine.drafter import DFlashDrafter, Span
 from dflash_zoo.errors import InvalidArgumentError
 from dflash_zoo.training import attention as A
 from dflash_zoo.training.blocks import block_loss, loss_weights, make_batch, make_blocks
-from dflash_zoo.training.forward import TrainingDrafter, draft_forward
+from dflash_zoo.training.forward import TrainingDrafter
 from dflash_zoo.training.head_loss import head_loss
-from tests.tiny import VOCAB, draft_config_dict, tiny_target
+from tests.tiny import VOCAB, draft_config_dict, tiny_dflash2, tiny_target
 
 MASK = VOCAB - 1
 SLIDING = dict(layer_types=["sliding_attention", "full_attention"], sliding_window=7)
-# bidirectional full layers; a causal sliding layer + a bidirectional full one; every layer causal
-DRAFTERS = {"full": {}, "sliding": SLIDING, "causal": {"causal": True}}
+# bidirectional full layers; a causal sliding layer + a bidirectional full one; every layer causal; DFlash 2
+# (its convolutions read across slots of one block only: the packed blocks of a training row stay apart)
+DRAFTERS = {"full": {}, "sliding": SLIDING, "causal": {"causal": True}, "dflash2": SLIDING}
 
 
 def _drafter(target, kind: str, block: int = 4) -> DFlashDrafter:
+    if kind == "dflash2":
+        return tiny_dflash2(target, seed=1, block_size=block, **SLIDING).float().train()
     kw = dict(DRAFTERS[kind])
     causal = kw.pop("causal", None)
     raw = draft_config_dict(target, block_size=block, **kw)
@@ -115,7 +118,7 @@ def test_block_mask_skips_most_tiles_at_recipe_proportions():
 
 
 def test_training_forward_equals_the_engine_forward_exactly(target):
-    """The layer-by-layer training pass with the dense kernel is the drafter's own forward, bit for bit."""
+    """The training kernel's dense path in the drafter's forward is the engine's own attention, bit for bit."""
     for kind in DRAFTERS:
         d = _drafter(target, kind)
         _, batch = _batch()
@@ -124,7 +127,7 @@ def test_training_forward_equals_the_engine_forward_exactly(target):
         feats = torch.randn(2, 300, d.fc.in_features, generator=torch.Generator().manual_seed(3))
         with torch.no_grad():
             want = d(emb, feats, span)
-            got = draft_forward(d, emb, feats, A.Attend(span, 2, "dense"))
+            got = d(emb, feats, span, attend=A.Attend(span, 2, "dense"))
         assert torch.equal(got, want), kind
 
 
@@ -160,7 +163,7 @@ class _SdpaKernel(A.Attend):
 
 class _SdpaDrafter(TrainingDrafter):
     def forward(self, emb, feats, span):
-        return draft_forward(self.drafter, emb, feats, _SdpaKernel(span, emb.shape[0], "flex"))
+        return self.drafter(emb, feats, span, attend=_SdpaKernel(span, emb.shape[0], "flex"))
 
 
 def _grads(model) -> dict[str, torch.Tensor]:
@@ -179,8 +182,9 @@ def test_flex_layout_gradients_equal_dense_gradients_on_cpu(target, drafter_kind
     torch.testing.assert_close(got.loss, ref.loss, rtol=1e-6, atol=1e-6)
     grads = _grads(d)
     assert grads.keys() == want.keys() and len(grads) > 10
-    for name in want:
-        torch.testing.assert_close(grads[name], want[name], rtol=1e-5, atol=1e-6, msg=name)
+    for name in want:  # fp32 sums over another key order: absolute error relative to the gradient's scale
+        scale = max(1.0, float(want[name].abs().max()))
+        torch.testing.assert_close(grads[name], want[name], rtol=1e-5, atol=3e-6 * scale, msg=name)
 
 
 def test_flex_needs_cuda_for_gradients():

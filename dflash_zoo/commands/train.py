@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from dflash_zoo.commands import train_scale
+from dflash_zoo.commands import train_arch, train_scale
 from dflash_zoo.commands.run import (
     Finite,
     Temperature,
@@ -80,6 +80,7 @@ def _preflight(p: dict, rank: int) -> list:
     if train_scale.regenerating(p):
         check_writable(zoo_home() / "regen", "regeneration cache (DFLASH_ZOO_HOME)")
     train_scale.preflight(p, rank)
+    train_arch.preflight(p)
     check_model_paths(p["target"], p["init"])
     precheck_models(p["target"], None, registry=False)  # a local target's config and weight headers
     _check_block(p)
@@ -288,6 +289,7 @@ def _cut(exs: list, max_length: int) -> list:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @train_scale.scale_options
+@train_arch.arch_options
 def train(**p: Any) -> None:
     """Train a DFlash drafter for TARGET on a JSONL file (paper recipe; see docs/training.md)."""
     import dataclasses
@@ -310,7 +312,8 @@ def train(**p: Any) -> None:
         return
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     given = {k: v for k, v in p.items() if k in fields and k != "target_layer_ids"}
-    cfg = TrainConfig(**(given | train_scale.config_values(p)), target_layer_ids=_ids(p["target_layer_ids"]))
+    values = given | train_scale.config_values(p) | train_arch.config_values(p)
+    cfg = TrainConfig(**values, target_layer_ids=_ids(p["target_layer_ids"]))
     meta = {"target": p["target"], "data": p["data"], "regenerate": p["regenerate"], "examples": len(exs)}
     res = run_train(cfg, model, tok, exs, device, init=p["init"], resume=p["resume"], meta=meta)
     if rank != 0:
@@ -410,6 +413,8 @@ def _print_eval(res) -> None:
             ("histogram", " ".join(f"{k}:{v}" for k, v in res.histogram.items())),
             ("per-position acceptance", " ".join(f"{a:.2f}" for a in res.per_position_acceptance)),
             ("dflash tok/s", f"{res.spec_tokens_per_second:.1f}")]  # fmt: skip
+    if res.mean_acceptance_length_without_selector is not None:  # DFlash 2: what its selector adds
+        rows.insert(4, ("without the selector", f"{res.mean_acceptance_length_without_selector:.2f}"))
     if res.ar_tokens_per_second is not None:
         rows += [
             ("autoregressive tok/s", f"{res.ar_tokens_per_second:.1f}"),

@@ -56,7 +56,8 @@ def shift(x: torch.Tensor, j: int, segment: torch.Tensor | None) -> torch.Tensor
         return y
     same = segment[..., j:] == segment[..., : n - j]  # [..., N - j]: slot t and t - j share a block
     keep = F.pad(same, (j, 0)).to(x.dtype)  # [N] or [b, N]
-    return y * keep.reshape(*keep.shape, *([1] * (x.dim() - keep.dim())))
+    keep = keep if keep.dim() == 2 else keep[None]  # [1 or b, N]
+    return y * keep.reshape(*keep.shape, *([1] * (x.dim() - 2)))
 
 
 class GroupedDynamicConv(nn.Module):
@@ -98,10 +99,10 @@ class DFlash2Layer(DecoderLayer):
         self.attention_conv = GroupedDynamicConv(cfg.hidden_size, p.conv_kernel_size, p.conv_group_size)
         self.mlp_conv = GroupedDynamicConv(cfg.hidden_size, p.conv_kernel_size, p.conv_group_size)
 
-    def forward(self, x, ctx, rope_q, rope_ctx, past, span: Span):
+    def forward(self, x, ctx, rope_q, rope_ctx, past, span: Span, attend=None):
         seg = span.q_segment
         h, dyn = self.attention_conv.prepare(self.input_layernorm(x), seg)
-        attn, ctx_kv = self.self_attn(h, ctx, rope_q, rope_ctx, past, span)
+        attn, ctx_kv = self.self_attn(h, ctx, rope_q, rope_ctx, past, span, attend)
         x = x + self.attention_conv.finish(attn, dyn, seg)
         h, dyn = self.mlp_conv.prepare(self.post_attention_layernorm(x), seg)
         return x + self.mlp_conv.finish(self.mlp(h), dyn, seg), ctx_kv
@@ -163,6 +164,7 @@ class DFlash2Drafter(DFlashDrafter):
     arch: ClassVar[str] = "dflash2"
     static_supported: ClassVar[bool] = False  # the fast engine runs it once its static drafter does
     layer_class: ClassVar[type[nn.Module]] = DFlash2Layer
+    has_selector: ClassVar[bool] = True
     raw_block_embedding: ClassVar[bool] = True  # upstream: raw rows times `input_embedding_scale` (default 1)
 
     def __init__(self, cfg: DraftConfig):

@@ -14,6 +14,7 @@ checkpoints load as they are and a saved drafter loads in the upstream code.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -26,6 +27,10 @@ from dflash_zoo.engine.rope import RotaryEmbedding, apply_rotary
 
 if TYPE_CHECKING:
     from dflash_zoo.engine.sampling import Sampler
+
+# an attention kernel over one call's q and its context / block K/V: (q, k_ctx, v_ctx, k_blk, v_blk, causal,
+# window) -> [B, heads, N, hd]
+Attend = Callable[..., torch.Tensor]
 
 _ACTS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
@@ -117,8 +122,9 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         return apply_rotary(k, cos, sin), v  # [B, kvh, T, hd] each
 
-    def forward(self, x, ctx, rope_q, rope_ctx, past, span: Span):
+    def forward(self, x, ctx, rope_q, rope_ctx, past, span: Span, attend: Attend | None = None):
         """x [B, N, H] block states; ctx [B, C_new, H] fused new context; past: cached (k, v) or None.
+        `attend` replaces the attention kernel (training's block-sparse one), given the same q, K and V.
 
         Returns the block output [B, N, H] and the updated context (k, v) including `ctx`.
         """
@@ -130,6 +136,9 @@ class Attention(nn.Module):
         if past is not None and ctx_kv is not None:
             ctx_kv = (torch.cat([past[0], ctx_kv[0]], dim=2), torch.cat([past[1], ctx_kv[1]], dim=2))
         ctx_kv = ctx_kv if ctx_kv is not None else past
+        if attend is not None:  # every context key is new in a training call
+            out = attend(q, ctx_kv[0], ctx_kv[1], k_blk, v_blk, self.causal, self.window)  # [B, heads, N, hd]
+            return self.o_proj(out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)), ctx_kv
         k, v = (
             (k_blk, v_blk)
             if ctx_kv is None
@@ -155,9 +164,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, ctx, rope_q, rope_ctx, past, span):
+    def forward(self, x, ctx, rope_q, rope_ctx, past, span, attend=None):
         # the context enters K/V as fused features, without this layer's input norm (z-lab layout)
-        attn, ctx_kv = self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_ctx, past, span)
+        attn, ctx_kv = self.self_attn(self.input_layernorm(x), ctx, rope_q, rope_ctx, past, span, attend)
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x)), ctx_kv
 
@@ -181,6 +190,7 @@ class DFlashDrafter(nn.Module):
     static_supported: ClassVar[bool] = True  # the fast engine's static drafter runs it
     layer_class: ClassVar[type[nn.Module]] = DecoderLayer
     raw_block_embedding: ClassVar[bool] = False  # True: embed the block as raw rows (`embed_block`)
+    has_selector: ClassVar[bool] = False  # a candidate selector that `selector_off()` can switch off
 
     def __init__(self, cfg: DraftConfig):
         super().__init__()
@@ -197,6 +207,7 @@ class DFlashDrafter(nn.Module):
         target_hidden: torch.Tensor,
         span: Span,
         cache: DraftKV | None = None,
+        attend: Attend | None = None,
     ) -> torch.Tensor:
         """Run one drafting pass.
 
@@ -205,6 +216,8 @@ class DFlashDrafter(nn.Module):
             target_hidden: [B, C_new, K*H] tapped target features of context tokens not yet in `cache`.
             span: positions / visibility; `span.ctx_pos` covers cached + new context.
             cache: context K/V from earlier steps; extended in place with the new context.
+            attend: an attention kernel in place of SDPA over `span.mask` (training's block-sparse one):
+                `attend(q, k_ctx, v_ctx, k_blk, v_blk, causal, window)` -> [B, heads, N, hd].
 
         Returns:
             [B, N, H] final-norm hidden states; the caller applies the target's LM head.
@@ -219,7 +232,7 @@ class DFlashDrafter(nn.Module):
         new_layers = []
         for i, layer in enumerate(self.layers):
             past = cache.layers[i] if cache is not None and cache.layers else None
-            x, ctx_kv = layer(x, ctx, rope_q, rope_ctx, past, span)
+            x, ctx_kv = layer(x, ctx, rope_q, rope_ctx, past, span, attend)
             new_layers.append(ctx_kv)
         if cache is not None:
             cache.layers = new_layers

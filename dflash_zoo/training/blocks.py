@@ -126,8 +126,14 @@ def dflash_loss(
     """
     r, n, b = labels.shape
     h = hidden.view(r, n, b, -1)[:, :, 1:].reshape(r * n * (b - 1), -1)  # [M, H]
+    total, hits = head_loss(head, h, labels[:, :, 1:].reshape(-1), w[:, :, 1:].reshape(-1), rows)
+    return summarize(total, hits, w, real)
+
+
+def summarize(total: torch.Tensor, hits: torch.Tensor, w: torch.Tensor, real: torch.Tensor) -> LossOut:
+    """A `LossOut` from a weighted loss sum and the argmax hits [M] of slots 1..B-1 (w [R, n, B], real [R, n])."""
+    r, n, b = w.shape
     w1 = w[:, :, 1:].reshape(-1)  # [M]
-    total, hits = head_loss(head, h, labels[:, :, 1:].reshape(-1), w1, rows)
     loss = total / w1.sum().clamp(min=1e-12)
     with torch.no_grad():
         hit = hits.view(r * n, b - 1) & (w[:, :, 1:].reshape(r * n, b - 1) > 0)

@@ -41,6 +41,8 @@ class EvalResult:
     per_prompt_acceptance: list[float] = field(default_factory=list)
     # greedy with a baseline: per prompt, the index of the first output token unlike autoregressive (None: same)
     first_divergence: list[int | None] | None = None
+    # DFlash 2: tau of the same drafter proposing each slot's own argmax / sample (its selector switched off)
+    mean_acceptance_length_without_selector: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -118,6 +120,7 @@ def evaluate(
         spec_tokens_per_second=_rate(spec),
         per_prompt_acceptance=[r.mean_acceptance_length for r in spec],
     )
+    res.mean_acceptance_length_without_selector = _without_selector(pipe, prompts, kw)
     if baseline:
         res.ar_tokens_per_second = _rate(ar)
         res.speedup = (
@@ -129,6 +132,16 @@ def evaluate(
             ]
             res.outputs_match_autoregressive = res.first_divergence.count(None)
     return res
+
+
+def _without_selector(pipe: Any, prompts: list[list[int]], kw: dict) -> float | None:
+    """For a drafter with a candidate selector (DFlash 2): the mean acceptance length of the same prompts with
+    the selector off, so `eval` shows what the selector adds; None for other drafters."""
+    if not pipe.drafter.has_selector:
+        return None
+    with pipe.drafter.selector_off():
+        lengths = [a for ids in prompts for a in pipe.generate(ids, **kw).acceptance_lengths]
+    return sum(lengths) / len(lengths) if lengths else 0.0
 
 
 # how to fix a line of a prompt file that the target cannot hold (eval --data, bench --prompts)

@@ -15,10 +15,14 @@ the weight `dflash2_selector_loss_alpha`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
 from dflash_zoo.drafters.dflash2 import CandidateSelector
+from dflash_zoo.training.blocks import LossOut, summarize
+from dflash_zoo.training.head_loss import chunked_loss, default_rows
 
 
 def training_candidates(cands: torch.Tensor, gold: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,3 +64,34 @@ def predecessors(labels: torch.Tensor) -> torch.Tensor:
     """labels [..., B] (slot k: the token at anchor + k; slot 0 is the anchor's own token) -> [..., B - 1]: the
     teacher-forced predecessor of slots 1..B-1 (the anchor for slot 1, then the gold token of slot t - 1)."""
     return labels[..., :-1]
+
+
+def dflash2_loss(
+    hidden: torch.Tensor,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    labels: torch.Tensor,
+    w: torch.Tensor,
+    real: torch.Tensor,
+    rows: int | None,
+    *,
+    selector: CandidateSelector,
+    alpha: float,
+) -> LossOut:
+    """The DFlash 2 loss from the drafter's states hidden [R, n*B, H]; labels, w [R, n, B]; real [R, n]: the
+    DFlash loss (weighted CE of slots 1..B-1) plus `alpha` times the selector's, both normalised by the
+    weights' sum. One pass of the LM head per chunk serves both (chunked: the logits never exist at once)."""
+    r, n, b = labels.shape
+    h = hidden.view(r, n, b, -1)[:, :, 1:].reshape(r * n * (b - 1), -1)  # [M, H]
+    gold = labels[:, :, 1:].reshape(-1)  # [M]
+    prev = predecessors(labels).reshape(-1)  # [M]
+    w1 = w[:, :, 1:].reshape(-1).float()  # [M]
+
+    def part(x: torch.Tensor, s: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = head(x).float()  # [m, V]
+        unary = (F.cross_entropy(logits, gold[s:e], reduction="none") * w1[s:e]).sum()
+        sel, _ = selector_loss(selector, x, logits, prev[s:e], gold[s:e], w1[s:e])
+        return unary + alpha * sel, logits.detach().argmax(-1) == gold[s:e]
+
+    params = tuple(p for p in selector.parameters() if p.requires_grad)
+    total, hits = chunked_loss(part, h, rows or default_rows(head, h), params)
+    return summarize(total, hits, w, real)

@@ -34,7 +34,8 @@ from typing import Any
 import torch
 from rich.progress import Progress, TextColumn
 
-from dflash_zoo.drafters import build
+from dflash_zoo import drafters
+from dflash_zoo.drafters import DFlash2Params, build
 from dflash_zoo.engine import outdir
 from dflash_zoo.engine.checkpoint import load_drafter, save_drafter, write_drafter_files
 from dflash_zoo.engine.config import DraftConfig, default_target_layer_ids, normalize_draft_config
@@ -84,6 +85,9 @@ class TrainConfig:
     uniform_loss_weights: bool = False
     overwrite: bool = False  # replace an `out` that dflash-zoo did not write
     keep_checkpoints: bool = False  # keep `<out>-checkpoint` after success (else it is removed)
+    arch: str | None = None  # drafter architecture: "dflash" or "dflash2" (None: dflash, or the --init one's)
+    dflash2: DFlash2Params = DFlash2Params(2, 16, 256, 16)  # DFlash 2's shapes (published drafters' values)
+    selector_loss_weight: float = 1.0  # DFlash 2: the selector loss's weight beside the DFlash loss
 
 
 @dataclass(frozen=True)
@@ -116,8 +120,9 @@ def build_draft_config(target: Any, tokenizer: Any, cfg: TrainConfig) -> DraftCo
     rope = getattr(tc, "rope_parameters", None) or {}
     theta = rope.get("rope_theta", getattr(tc, "rope_theta", 1e6))
     heads = tc.num_attention_heads
+    arch = drafters.ARCHS[cfg.arch or "dflash"]
     raw = {
-        "architectures": ["DFlashDraftModel"],
+        "architectures": list(arch.architectures),
         "model_type": "qwen3",
         "hidden_size": tc.hidden_size,
         "intermediate_size": tc.intermediate_size,
@@ -134,6 +139,7 @@ def build_draft_config(target: Any, tokenizer: Any, cfg: TrainConfig) -> DraftCo
             "block_size": cfg.block_size,
             "target_layer_ids": taps,
             "mask_token_id": pick_mask_id(target, tokenizer, cfg),
+            **(asdict(cfg.dflash2) if arch is drafters.DFLASH2 else {}),
         },
     }
     return normalize_draft_config(raw)
@@ -180,12 +186,28 @@ def new_drafter(draft_cfg: DraftConfig, cfg: TrainConfig, init: str | None, devi
     """A fresh (seeded) drafter, or one loaded from `init`; fp32 master weights."""
     torch.manual_seed(cfg.seed)
     model = load_drafter(init, device, torch.float32) if init else build(draft_cfg).to(device)
+    model = _as_arch(model, cfg, init)
     if (
         cfg.no_target_features
     ):  # zero fc => zero context K/V: no information from the target reaches the drafter
         torch.nn.init.zeros_(model.fc.weight)
         model.fc.weight.requires_grad_(False)
     return model.train()
+
+
+def _as_arch(model: DFlashDrafter, cfg: TrainConfig, init: str | None) -> DFlashDrafter:
+    """The --init drafter in the asked architecture: DFlash upgrades to DFlash 2 (its new parts neutral);
+    any other change is refused."""
+    if init is None or cfg.arch in (None, model.arch):
+        return model
+    if (model.arch, cfg.arch) == ("dflash", "dflash2"):
+        from dflash_zoo.drafters.dflash2 import DFlash2Drafter
+
+        return DFlash2Drafter.from_dflash(model, cfg.dflash2)
+    raise InvalidArgumentError(
+        f"--init {init} is a {model.arch} drafter; it cannot become {cfg.arch}",
+        hint=f"drop --arch (it keeps {model.arch}), or start from a {cfg.arch} or dflash drafter",
+    )
 
 
 def save_checkpoint(model: DFlashDrafter, opt: Any, step: int, gen: torch.Generator, root: Path) -> Path:

@@ -13,6 +13,7 @@ The drafter architecture picks its loss from `LOSSES` (by `drafter.arch`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -42,7 +43,21 @@ from dflash_zoo.training.head_loss import chunk_rows
 
 log = logging.getLogger("dflash_zoo")
 MAX_SLOTS = 16384  # block slots (queries) per drafter call
-LOSSES: dict[str, Callable[..., LossOut]] = {"dflash": dflash_loss}
+
+
+def _dflash2_loss(drafter: Any, cfg: Any) -> Callable[..., LossOut]:
+    from dflash_zoo.training.selector_loss import dflash2_loss
+
+    return functools.partial(
+        dflash2_loss, selector=drafter.candidate_selector, alpha=cfg.selector_loss_weight
+    )
+
+
+# the loss of each drafter architecture: (drafter, TrainConfig) -> loss_fn(h, head, labels, w, real, rows)
+LOSSES: dict[str, Callable[[Any, Any], Callable[..., LossOut]]] = {
+    "dflash": lambda _drafter, _cfg: dflash_loss,
+    "dflash2": _dflash2_loss,
+}
 
 
 @dataclass(frozen=True)
@@ -91,8 +106,8 @@ class Trainer:
         self.memory: dict[int, torch.Tensor] = {}  # `cache_features` in memory
         self.head_rows = chunk_rows(self.adapter.text_config.vocab_size)
         if drafter.arch not in LOSSES:
-            raise ValueError(f"no training loss for drafter architecture {drafter.arch!r}")
-        self.loss_fn = LOSSES[drafter.arch]
+            raise InvalidArgumentError(f"dflash-zoo cannot train a {drafter.arch!r} drafter")
+        self.loss_fn = LOSSES[drafter.arch](drafter, cfg)
         bf16 = self.device.type == "cuda" and model.dtype == torch.bfloat16
         self.autocast = torch.autocast("cuda", torch.bfloat16) if bf16 else contextlib.nullcontext()
 
