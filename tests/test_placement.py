@@ -109,7 +109,8 @@ def test_cli_bad_devices_gives_one_line_error(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["generate", "hi", "--devices", "cpu,bogus"])
     err = capsys.readouterr().err
-    assert exc.value.code == 1 and err.startswith("error: unknown device 'bogus'") and "Traceback" not in err
+    # a device list is checked before anything loads: a usage error (exit 2), one line and a hint
+    assert exc.value.code == 2 and err.startswith("error: unknown device 'bogus'") and "Traceback" not in err
 
 
 # ---- placed output equals the unplaced target's greedy output ------------------------------------------

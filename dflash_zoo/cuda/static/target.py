@@ -86,9 +86,8 @@ class StaticTarget:
         self.decode_attend = DECODE_ATTENTION[kernels.decode_attention]  # T = 1 steps only
         self.block_attend = BLOCK_ATTENTION[kernels.block_attention]  # verify steps (T > 1)
         self.gemv = kernels.projections(options)  # few-row projections through the GEMV kernels
-        self.moe_rows = (
-            kernels.moe_rows
-        )  # steps of at most this many rows run routed experts through the kernels
+        # steps of at most this many rows run routed experts through the kernels
+        self.moe_rows = kernels.moe_rows
         # the declared RMSNorm formula (the norm kernel computes each); `F.rms_norm` for Llama's only
         llama = layout.norms == "llama"
         self.norm = Norms(mods.eps, options.fast_norm and llama, kernels.fused_ops, layout.norms)
@@ -109,9 +108,8 @@ class StaticTarget:
             kernels.fused_ops and rope_kernel(m, o, mods.eps) for m, o in zip(layers, self.opts, strict=True)
         ]
         # GDN layers: their own static states; the input projections as one GEMM, split by the adapter
-        split = self.adapter.gdn_split
-        self.gdn = [StaticGDN(m.gdn, m.gdn_parts, split, kernels.fused_ops, fuse, gemv, options.gdn_verify, options.fla)
-                    if m.gdn is not None else None for m in layers]  # fmt: skip
+        gdn = (self.adapter.gdn_split, kernels.fused_ops, fuse, gemv, options.gdn_verify, options.fla)
+        self.gdn = [StaticGDN(m.gdn, m.gdn_parts, *gdn) if m.gdn is not None else None for m in layers]
         # dense MLPs only: a sparse MoE block runs as its module or its declared parts (`MoEBlocks`): None here
         self.gate_up = [
             FusedLinear([m.gate, m.up], fuse, gemv) if m.gate is not None else None for m in layers
