@@ -60,7 +60,7 @@ DFLASH2 = ArchSpec(
     architectures=("DFlash2DraftModel",),
     model="dflash_zoo.drafters.dflash2:DFlash2Drafter",
     summary="DFlash 2: DFlash layers in grouped dynamic causal convolutions, plus a candidate selector",
-    static_fast_path=False,
+    static_fast_path=True,
 )
 ARCHS: dict[str, ArchSpec] = {a.name: a for a in (DFLASH, DFLASH2)}
 _BY_ARCHITECTURE = {arch: spec for spec in ARCHS.values() for arch in spec.architectures}

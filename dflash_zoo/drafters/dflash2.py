@@ -69,7 +69,7 @@ class GroupedDynamicConv(nn.Module):
         self.base_kernel = nn.Parameter(torch.zeros(2, kernel, hidden))
         self.kernel_projection = nn.Linear(hidden, 2 * kernel * self.groups, bias=False)
 
-    def _convolve(self, x: torch.Tensor, dyn: torch.Tensor, base: torch.Tensor, segment) -> torch.Tensor:
+    def convolve(self, x: torch.Tensor, dyn: torch.Tensor, base: torch.Tensor, segment) -> torch.Tensor:
         """x [b, N, H], dyn [b, N, K, G] (coefficients of each output slot), base [K, H] -> [b, N, H]."""
         b, n, h = x.shape
         blocks = x.view(b, n, self.groups, self.group)  # [b, N, G, g]
@@ -83,11 +83,11 @@ class GroupedDynamicConv(nn.Module):
     def prepare(self, x: torch.Tensor, segment=None) -> tuple[torch.Tensor, torch.Tensor]:
         """The sublayer's input x [b, N, H] -> (its convolution, the coefficients for `finish` [b, N, K, G])."""
         dyn = self.kernel_projection(x).view(*x.shape[:2], 2, self.kernel, self.groups)
-        return self._convolve(x, dyn[:, :, 0], self.base_kernel[0], segment), dyn[:, :, 1]
+        return self.convolve(x, dyn[:, :, 0], self.base_kernel[0], segment), dyn[:, :, 1]
 
     def finish(self, out: torch.Tensor, dyn: torch.Tensor, segment=None) -> torch.Tensor:
         """The sublayer's output [b, N, H] convolved with the coefficients `prepare` computed from its input."""
-        return self._convolve(out, dyn, self.base_kernel[1], segment)
+        return self.convolve(out, dyn, self.base_kernel[1], segment)
 
 
 class DFlash2Layer(DecoderLayer):
@@ -140,15 +140,14 @@ class CandidateSelector(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Choose one candidate per slot, left to right. Returns (drafts [n], q over the candidates [n, k] or None
         when greedy, candidates [n, k]). No host sync: a static engine captures it as it is."""
-        from dflash_zoo.engine.sampling import sample
-
         unary, cands, succ, proj = self.candidates(h, logits)
+        race = race_for(cands, temperature, gen)
         prev, path, rows = anchor.reshape(1), [], []
         for t in range(cands.shape[0]):
             s = self.scores(prev, unary[t], succ[t], proj[t])  # [k]
-            if temperature > 0:
+            if race is not None:  # sampling: an exponential race on q = softmax(s / T) picks i with prob q_i
                 q = torch.softmax(s.float() / temperature, dim=-1)  # [k]
-                idx = sample(q[None], gen)  # [1]
+                idx = (q / race[t]).argmax(-1, keepdim=True)  # [1]
                 rows.append(q)
             else:
                 idx = s.argmax(-1, keepdim=True)  # [1]
@@ -158,11 +157,20 @@ class CandidateSelector(nn.Module):
         return torch.cat(path), q, cands
 
 
+def race_for(cands: torch.Tensor, temperature: float, gen: torch.Generator | None) -> torch.Tensor | None:
+    """The walk's random numbers under sampling, drawn at once [n, k] ~ Exp(1) (None when greedy), so the torch
+    walk and its kernel (cuda/ops/dflash2.py) consume the same stream."""
+    if temperature <= 0:
+        return None
+    race = torch.empty(cands.shape, dtype=torch.float32, device=cands.device).exponential_(generator=gen)
+    return race.clamp_min_(torch.finfo(race.dtype).tiny)  # Exp(1) can round to 0
+
+
 class DFlash2Drafter(DFlashDrafter):
     """A DFlash 2 draft model: `DFlash2Layer`s and a `CandidateSelector` (state-dict names as z-lab's)."""
 
     arch: ClassVar[str] = "dflash2"
-    static_supported: ClassVar[bool] = False  # the fast engine runs it once its static drafter does
+    static_supported: ClassVar[bool] = True  # cuda/static/drafter2.py
     layer_class: ClassVar[type[nn.Module]] = DFlash2Layer
     has_selector: ClassVar[bool] = True
     raw_block_embedding: ClassVar[bool] = True  # upstream: raw rows times `input_embedding_scale` (default 1)

@@ -191,6 +191,7 @@ class DFlashDrafter(nn.Module):
     layer_class: ClassVar[type[nn.Module]] = DecoderLayer
     raw_block_embedding: ClassVar[bool] = False  # True: embed the block as raw rows (`embed_block`)
     has_selector: ClassVar[bool] = False  # a candidate selector that `selector_off()` can switch off
+    use_selector: bool = False  # proposals through the selector (an instance switch where there is one)
 
     def __init__(self, cfg: DraftConfig):
         super().__init__()

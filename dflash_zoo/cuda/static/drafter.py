@@ -50,6 +50,10 @@ class StaticDrafter:
         self.v = [torch.zeros_like(k) for k in self.k]
         self.key_pos = torch.arange(max_len, device=w.device)
 
+    def propose(self, h, anchor, head, sampler, gen):
+        """Slots h [n, H] -> (drafts [n], q [n, V] or None): the drafter's own proposal rule."""
+        return self.d.propose(h, anchor, head, sampler, gen)
+
     def _qkv(self, i: int, x, positions, rope, with_q: bool):
         """`qkv_store` for layer i (as `Attention._kv` for k and v): q, or None without `with_q`."""
         a = self.d.layers[i].self_attn

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from dflash_zoo.cuda.static.drafter import StaticDrafter
+from dflash_zoo.cuda.static.drafter2 import StaticDFlash2Drafter
 from dflash_zoo.cuda.static.graphs import Steps, private_code
 from dflash_zoo.cuda.static.kernel_choice import choose_kernels
 from dflash_zoo.cuda.static.target import StaticTarget
@@ -60,6 +61,10 @@ log = logging.getLogger("dflash_zoo")
 # inductor settings of compiled steps: with coordinate descent tuning, inductor lowers batch-1 matmuls (every
 # GEMV of an autoregressive step) to Triton reductions it tunes, in place of cuBLAS (docs/performance.md)
 COMPILE_OPTIONS: dict[str, Any] = {"coordinate_descent_tuning": True}
+
+
+# the static drafter of each drafter architecture (dflash_zoo/drafters)
+STATIC_DRAFTERS: dict[str, type[StaticDrafter]] = {"dflash": StaticDrafter, "dflash2": StaticDFlash2Drafter}
 
 
 class FastEngine(Engine):
@@ -99,7 +104,7 @@ class FastEngine(Engine):
         self.target = StaticTarget(
             adapter, size, drafter.cfg.target_layer_ids, options, self.kernels, self.block
         )
-        self.sdraft = StaticDrafter(drafter, size, options, self.kernels)
+        self.sdraft = STATIC_DRAFTERS[drafter.arch](drafter, size, options, self.kernels)
         self._state_tensors(drafter, adapter, mask_token_id)
         self.compile_options = dict(
             COMPILE_OPTIONS if options.compile_options is None else options.compile_options
@@ -135,12 +140,15 @@ class FastEngine(Engine):
     def _drafter(self) -> torch.Tensor:
         """The drafter's forward over the block [bonus, mask, ...] -> its final states [1, B, H]."""
         self.blk[:, :1].copy_(self.bonus[None])
-        return self.sdraft.draft(self.adapter.embed(self.blk), self.pos)
+        return self.sdraft.draft(self.drafter.embed_block(self.blk, self.adapter), self.pos)
 
     def _draft(self, sampler: Sampler) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafter's part of a step: drafts [B-1] and their distribution (None when greedy)."""
         h = self._drafter()  # [1, B, H]
-        return sampler.propose(self.adapter.logits(h[0, 1:].to(self.vtaps.dtype)), self.gen)  # [B-1]
+        # the architecture's proposal rule (DFlash: argmax / sample of each slot; DFlash 2: its selector)
+        return self.sdraft.propose(
+            h[0, 1:].to(self.vtaps.dtype), self.bonus, self.adapter.head, sampler, self.gen
+        )
 
     def _draft_step(self, sampler: Sampler) -> None:
         """The drafter's part alone, as a step of its own (`replays`, for profiling)."""
@@ -173,7 +181,8 @@ class FastEngine(Engine):
     def _run_step(self, name: str, sampler: Sampler) -> None:
         fn = getattr(self, f"_{name}_step")  # _spec_step, _ar_step, _draft_step, _drafter_step
         fn = private_code(fn) if self.compile else fn  # compiled: a dynamo cache of this engine's own
-        self.steps.run((name, sampler), lambda: partial(fn, sampler))
+        # one graph per step kind, decoding mode and proposal rule (eval switches a DFlash 2 selector off)
+        self.steps.run((name, sampler, self.drafter.use_selector), lambda: partial(fn, sampler))
 
     def replays(self, prompt_ids: list[int], cfg: GenerationConfig, step: str) -> Callable[[int], None]:
         """For profiling: after a prefill of `prompt_ids`, a function that runs `step` n times back to back
