@@ -25,14 +25,21 @@ from dflash_zoo.engine.drafter import DFlashDrafter, DraftKV, Span
 from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.errors import ConfigError, DrafterFormatError
 from tests.reference import load_reference_drafter, reference_module, reference_run
+from tests.static_matrix import fast_engine
 from tests.tiny import DFLASH2_PARAMS as PARAMS
 from tests.tiny import VOCAB, dflash2_config, draft_config_dict, randomize, tiny_dflash2, tiny_target
 
 
-def ours(target, drafter, prompt, max_new_tokens, model_type="qwen3"):
+def ours(target, drafter, prompt, max_new_tokens, model_type="qwen3", engine="eager"):
+    """Our greedy run on the eager engine, or on the static one (no graphs on CPU; kernels off: the CUDA wing's
+    own tests cover them)."""
     adapter = get_adapter(model_type)(target)
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
-    return EagerEngine(adapter, drafter, drafter.cfg.mask_token_id).speculative(prompt, cfg)
+    mask = drafter.cfg.mask_token_id
+    if engine == "eager":
+        return EagerEngine(adapter, drafter, mask).speculative(prompt, cfg)
+    fast = fast_engine(adapter, drafter, mask, max_len=len(prompt) + max_new_tokens, graphs=False)
+    return fast.speculative(prompt, cfg)
 
 
 def assert_conforms(result, ref, block):
@@ -72,7 +79,8 @@ def test_greedy_conforms_to_reference(tmp_path, target, arch, sliding):
     for prompt in PROMPTS:
         with torch.no_grad():
             expected = reference_run(ref, target, prompt, 40)
-        assert_conforms(ours(target, mine, prompt, 40), expected, 8)
+        for engine in ("eager", "static"):
+            assert_conforms(ours(target, mine, prompt, 40, engine=engine), expected, 8)
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +105,10 @@ def test_trained_drafter_upgraded_and_perturbed_conforms(tmp_path, demo_pair):
     prompt = [int(t) for t in torch.randint(10, 8000, (24,), generator=torch.Generator().manual_seed(0))]
     with torch.no_grad():
         expected = reference_run(ref, target, prompt, 96)
-    result = ours(target, load_drafter(tmp_path / "d"), prompt, 96)
+    mine = load_drafter(tmp_path / "d")
+    result = ours(target, mine, prompt, 96)
     assert_conforms(result, expected, drafter.cfg.block_size)
+    assert_conforms(ours(target, mine, prompt, 96, engine="static"), expected, drafter.cfg.block_size)
     assert result.mean_acceptance_length > 2.0, (
         "the perturbed drafter must keep accepting for this to test much"
     )

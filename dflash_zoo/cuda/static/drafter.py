@@ -82,6 +82,8 @@ class StaticDrafter:
         ok = ((kp < pos) | blk).expand(len(q_pos), -1)  # [B, S]
         if attn.window is not None:  # HF windows include the current token
             ok = ok & (q - kp < attn.window)
+            if not attn.causal:  # a bidirectional window reaches as far ahead (engine/drafter.py `Span.mask`)
+                ok = ok & (kp - q < attn.window)
         return ok
 
     def draft(self, emb, pos):
