@@ -357,3 +357,15 @@ def test_dflash2_shapes_build_their_drafters(built):
         drafter.cfg.output_multiplier == text.output_multiplier
         and drafter.cfg.final_logit_softcapping == 20.0
     )
+
+
+def test_draft_arch_rebuilds_a_shapes_drafter_as_another_architecture():
+    """`bench --shape S --draft-arch A`: the same drafter layers, with or without DFlash 2's parts."""
+    from dflash_zoo.bench.shapes import SHAPES, shape_drafter
+
+    v2 = shape_drafter(SHAPES["qwen3.8-27b"], "meta", torch.bfloat16)
+    v1 = shape_drafter(SHAPES["qwen3.8-27b"], "meta", torch.bfloat16, arch="dflash")
+    assert (v2.arch, v1.arch) == ("dflash2", "dflash")
+    assert set(v1.state_dict()) < set(v2.state_dict()) and v1.cfg.block_size == v2.cfg.block_size == 8
+    up = shape_drafter(SHAPES["qwen3-8b"], "meta", torch.bfloat16, arch="dflash2")
+    assert up.arch == "dflash2" and up.cfg.dflash2.selector_top_k == 16

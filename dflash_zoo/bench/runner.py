@@ -54,6 +54,7 @@ class BenchOptions:
     top_p: float = 1.0
     top_k: int = 0
     profile: bool = False  # --profile: per-step device time and kernels of the fast path (bench/profile.py)
+    draft_arch: str | None = None  # --draft-arch: a --shape's drafter as this architecture (None: its own)
 
 
 @dataclass
@@ -117,14 +118,15 @@ def random_subject(
 
         model = shape_target(s, "meta", dtype, positions)
         adapter = get_adapter(s.model_type)(model)
-        plan = plan_placement(adapter, devices, reserve_bytes=module_bytes(_random_drafter(s, "meta", dtype)))
+        reserve = module_bytes(_random_drafter(s, "meta", dtype, opts.draft_arch))
+        plan = plan_placement(adapter, devices, reserve_bytes=reserve)
         materialise(model, adapter, plan)
         placement = apply_placement(model, adapter, plan)
-        drafter = _random_drafter(s, plan.head, dtype)
+        drafter = _random_drafter(s, plan.head, dtype, opts.draft_arch)
         placement.attach_drafter(drafter)
     else:
         adapter = get_adapter(s.model_type)(shape_target(s, device, dtype, positions))
-        drafter = _random_drafter(s, device, dtype)
+        drafter = _random_drafter(s, device, dtype, opts.draft_arch)
     gen = torch.Generator().manual_seed(opts.seed)
     # ids below the mask id, which sits near the top of most tables; a mask id low in the table (Gemma 4's 4)
     # would leave a handful of ids, so there the whole table is drawn from, the mask id moved one up
@@ -137,6 +139,7 @@ def random_subject(
         **{k: v for k, v in vars(s).items() if k != "extra"},
         "weights": "random",
         "placement": placement.plan.to_dict() if placement else None,
+        "draft_arch": drafter.arch,
     }
     return Subject(adapter, drafter, s.mask_token_id, prompt, source, placement)
 

@@ -26,7 +26,7 @@ Longer than the ~300 lines we aim for: one table of shapes, each with its source
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -354,10 +354,15 @@ def shape_target(s: Shape, device: str, dtype: torch.dtype, max_positions: int =
         return auto.from_config(cfg, **kw).eval()
 
 
-def drafter_config(s: Shape) -> dict[str, Any]:
+def drafter_config(s: Shape, arch: str | None = None) -> dict[str, Any]:
     """The drafter's config.json dict: the legacy rule (z-lab sizes for the 8B-class hidden sizes) with the
-    drafter's own published fields (`s.draft`) on top; a DFlash 2 drafter names its architecture and sizes."""
+    drafter's own published fields (`s.draft`) on top; a DFlash 2 drafter names its architecture and sizes.
+    `arch` builds the same drafter as another architecture ("dflash": without DFlash 2's parts; "dflash2":
+    with them, the published sizes where the shape has none), for comparisons at one target shape and block."""
     from dflash_zoo.engine.config import default_target_layer_ids
+
+    if arch is not None:
+        s = replace(s, dflash2={} if arch == "dflash" else (s.dflash2 or DFLASH2_SELECTOR))
 
     cfg = {
         "model_type": "qwen3",
@@ -384,11 +389,11 @@ def drafter_config(s: Shape) -> dict[str, Any]:
     return {**cfg, **s.draft}
 
 
-def shape_drafter(s: Shape, device: str, dtype: torch.dtype) -> Any:
-    """A random drafter for shape `s` (DFlash or DFlash 2, as its config names), built on `device`."""
+def shape_drafter(s: Shape, device: str, dtype: torch.dtype, arch: str | None = None) -> Any:
+    """A random drafter for shape `s` (DFlash or DFlash 2, as its config names, or as `arch`), on `device`."""
     from dflash_zoo import drafters
     from dflash_zoo.engine.config import normalize_draft_config
 
-    draft = normalize_draft_config(drafter_config(s))
+    draft = normalize_draft_config(drafter_config(s, arch))
     with torch.device(device):
         return drafters.build(draft).to(dtype).eval()

@@ -138,6 +138,12 @@ FIXED_PROMPT_TOKENS, FIXED_NEW_TOKENS = 512, 512  # one fixed prompt (or a rando
     default=None,
     help="JSON record path (default: $DFLASH_ZOO_HOME/bench/<time>-<name>.json).",
 )
+@click.option(
+    "--draft-arch",
+    type=click.Choice(["dflash", "dflash2"]),
+    default=None,
+    help="With --shape: build its drafter as this architecture (DFlash 2 vs DFlash at one target and block).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON record on stdout.")
 @bench_train.train_options
 def bench(
@@ -173,6 +179,8 @@ def bench(
         raise click.UsageError("a target split across devices runs the eager path only (--path eager)")
     if shape and shape not in B.SHAPES:
         raise click.UsageError(f"unknown shape {shape!r}; known: {', '.join(B.SHAPES)}")
+    if kw.get("draft_arch") and not shape:
+        raise click.UsageError("--draft-arch rebuilds a --shape's drafter; it needs --shape")
     if shape and (prompts_file or raw or limit):
         raise click.UsageError("--shape has no tokenizer: drop --prompts, --raw and --limit")
     check_device(device)  # `--device nonsense` / a GPU this machine lacks: before anything is built
