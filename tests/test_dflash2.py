@@ -259,3 +259,11 @@ def test_saved_config_round_trips(tmp_path, target):
         and cfg.final_logit_softcapping == 20.0
         and cfg.dflash2 == drafter.cfg.dflash2
     )
+
+
+def test_last_choice_names_the_architecture(target):
+    from dflash_zoo.api import Pipeline
+
+    pipe = Pipeline(model=target, drafter=tiny_dflash2(target), mask_token_id=VOCAB - 1)
+    pipe.generate([5, 6, 7], max_new_tokens=4)
+    assert pipe.last_choice.drafter == "dflash2"

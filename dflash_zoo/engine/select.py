@@ -12,7 +12,7 @@ builds the engine chosen.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from dflash_zoo.engine.options import EngineOptions
@@ -31,6 +31,7 @@ class EngineChoice:
 
     name: str
     reason: str
+    drafter: str | None = None  # the drafter's architecture as `check` names it ("dflash", "dflash2", ...)
 
     @property
     def fast(self) -> bool:
@@ -38,6 +39,20 @@ class EngineChoice:
 
 
 def choose_engine(
+    adapter: TargetAdapter,
+    device: Any,
+    options: EngineOptions,
+    *,
+    drafter: Any = None,
+    split: bool = False,
+    prefill_inputs: bool = False,
+) -> EngineChoice:
+    """Pick the engine for one generation (`_choose`), naming the drafter's architecture in the choice."""
+    choice = _choose(adapter, device, options, drafter=drafter, split=split, prefill_inputs=prefill_inputs)
+    return choice if drafter is None else replace(choice, drafter=drafter.cfg.variant)
+
+
+def _choose(
     adapter: TargetAdapter,
     device: Any,
     options: EngineOptions,
