@@ -128,11 +128,8 @@ def test_fast_engine_falls_back_to_eager_for_a_quantized_target():
         quantization.quantized_reason(adapter) is None
     )  # a config alone (dequantized weights): plain modules
     model.hf_quantizer = object()  # what transformers sets on a model its quantizer loaded
-    choice = choose_engine(adapter, "cpu", EngineOptions(fast=True))
-    assert (
-        choice.name == "eager"
-        and "FP8-quantized and the fast engine's FP8 path is not built yet" in choice.reason
-    )
+    # FP8 weights dequantized on load are plain: the fast engine runs them (FP8 ones: tests/test_fp8.py)
+    assert choose_engine(adapter, "cpu", EngineOptions(fast=True)).name == "fast"
     model.config.quantization_config = CONFIGS["mxfp4"]
     assert "runs no MXFP4 targets" in choose_engine(adapter, "cpu", EngineOptions(fast=True)).reason
 
@@ -184,7 +181,7 @@ def test_fp8_target_runs_its_fp8_modules_on_gpu(fp8_pair):
         from transformers.integrations.finegrained_fp8 import load_finegrained_fp8_kernel
 
         load_finegrained_fp8_kernel()
-    except ImportError as exc:  # the kernel comes from the Hub (kernels-community/finegrained-fp8)
+    except (ImportError, ValueError, OSError) as exc:  # the kernel comes from the Hub: offline, none is cached
         pytest.skip(f"transformers' FP8 kernel is not available here: {exc}")
     import dflash_zoo
 
