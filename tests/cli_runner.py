@@ -28,3 +28,14 @@ def run_cli(*args: str, stdin: str | None = None) -> Run:
         sys.stdout.flush()
         sys.stderr.flush()
         return Run(code, out.getvalue().decode(), err.getvalue().decode())
+
+
+def run_captured(capsys, *args) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `dflash-zoo ARGS` through `cli.main`, read from pytest's `capsys`."""
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err

@@ -37,11 +37,16 @@ def _prompts(seed: int, n: int) -> list[Record]:
     return [Record(i, prompt="".join(rng.choice("abcdefgh ") for _ in range(10))) for i in range(n)]
 
 
-@pytest.fixture(scope="module")
-def setup():
+def tiny_setup():
+    """(target, tokenizer, examples): a tiny target and the 24 answers it wrote to random prompts."""
     target, tok = tiny_target("qwen3", seed=0), tiny_tokenizer()
     examples = regenerate(_prompts(0, 24), target, tok, raw=True, max_new_tokens=40, batch_size=24)
     return target, tok, examples
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return tiny_setup()
 
 
 def _cfg(tmp_path, **kw) -> TrainConfig:

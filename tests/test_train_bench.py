@@ -8,17 +8,9 @@ import pytest
 
 from dflash_zoo.bench.shapes import SHAPES
 from dflash_zoo.bench.train_step import PARTS, peak_for
-from dflash_zoo.cli import main
+from tests.cli_runner import run_captured
 
-
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
+run = run_captured  # (exit code, stdout, stderr) of `dflash-zoo ARGS`
 
 
 ARGS = ["bench", "--train", "--shape", "tiny-qwen3", "--seq-len", "96", "--anchors-per-seq", "12", "--batch-size",

@@ -14,20 +14,17 @@ from dflash_zoo.drafters.dflash2 import DFlash2Drafter
 from dflash_zoo.engine.checkpoint import load_drafter, save_drafter
 from dflash_zoo.engine.config import load_draft_config
 from dflash_zoo.errors import InvalidArgumentError
-from dflash_zoo.training.data import regenerate
 from dflash_zoo.training.train import TrainConfig, build_draft_config, new_drafter, train
 from tests.cli_runner import run_cli
 from tests.reference import load_reference_drafter, reference_run
 from tests.test_dflash2 import assert_conforms, ours
-from tests.test_train import MASK, _acceptance, _cfg, _prompts
-from tests.tiny import save_tiny_pair, tiny_target, tiny_tokenizer
+from tests.test_train import MASK, _acceptance, _cfg, _prompts, tiny_setup
+from tests.tiny import save_tiny_pair
 
 
 @pytest.fixture(scope="module")
 def setup():
-    target, tok = tiny_target("qwen3", seed=0), tiny_tokenizer()
-    examples = regenerate(_prompts(0, 24), target, tok, raw=True, max_new_tokens=40, batch_size=24)
-    return target, tok, examples
+    return tiny_setup()
 
 
 def _cfg2(tmp_path, **kw) -> TrainConfig:

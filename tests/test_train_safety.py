@@ -20,6 +20,7 @@ import pytest
 from dflash_zoo.cli import main
 from dflash_zoo.engine.checkpoint import load_drafter
 from dflash_zoo.training import checkpoints
+from tests.cli_runner import run_captured
 from tests.readonly import cli, run_readonly
 from tests.tiny import save_tiny_pair, tiny_tokenizer
 
@@ -48,15 +49,7 @@ def _warnings_shown(monkeypatch):
     monkeypatch.setenv("COLUMNS", "400")  # long temporary paths stay on one line
 
 
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of `dflash-zoo ARGS`."""
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
+run = run_captured  # (exit code, stdout, stderr) of `dflash-zoo ARGS`
 
 
 def train(capsys, target, data, out, *extra, steps: int = 1):

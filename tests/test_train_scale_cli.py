@@ -13,19 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from dflash_zoo.cli import main
 from dflash_zoo.engine.checkpoint import load_drafter
+from tests.cli_runner import run_captured
 from tests.openai_server import OpenAIServer
 from tests.readonly import cli
+from tests.test_train_safety import TINY
 from tests.tiny import save_tiny_pair
-
-TINY = ["--draft-layers", "1", "--block-size", "4", "--batch-size", "2", "--anchors-per-seq", "8",
-        "--device", "cpu", "--seed", "0"]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory) -> Path:
-    return save_tiny_pair(tmp_path_factory.mktemp("pair"))[0]
 
 
 @pytest.fixture
@@ -48,14 +41,12 @@ def _data(tmp_path: Path, n: int = 6, responses: bool = True) -> Path:
     return f
 
 
-def run(capsys, *args) -> tuple[int, str, str]:
-    try:
-        main([str(a) for a in args])
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
+run = run_captured  # (exit code, stdout, stderr) of `dflash-zoo ARGS`
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Path:
+    return save_tiny_pair(tmp_path_factory.mktemp("pair"))[0]
 
 
 def test_regeneration_through_a_server_then_training(capsys, tmp_path, target, home):

@@ -124,10 +124,18 @@ def dflash_loss(
     padding blocks and slots past the end carry weight 0. tau: 1 + the accepted prefix if the argmax drafts
     were verified against the labels, averaged over real blocks. `head`: states -> drafter logits.
     """
+    h, gold, w1 = supervised_slots(hidden, labels, w)
+    total, hits = head_loss(head, h, gold, w1, rows)
+    return summarize(total, hits, w, real)
+
+
+def supervised_slots(
+    hidden: torch.Tensor, labels: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Slots 1..B-1 of every block, by shape: states [M, H], labels [M], weights [M] (M = R * n * (B - 1))."""
     r, n, b = labels.shape
     h = hidden.view(r, n, b, -1)[:, :, 1:].reshape(r * n * (b - 1), -1)  # [M, H]
-    total, hits = head_loss(head, h, labels[:, :, 1:].reshape(-1), w[:, :, 1:].reshape(-1), rows)
-    return summarize(total, hits, w, real)
+    return h, labels[:, :, 1:].reshape(-1), w[:, :, 1:].reshape(-1).float()
 
 
 def summarize(total: torch.Tensor, hits: torch.Tensor, w: torch.Tensor, real: torch.Tensor) -> LossOut:

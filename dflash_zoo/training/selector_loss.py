@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_zoo.drafters.dflash2 import CandidateSelector
-from dflash_zoo.training.blocks import LossOut, summarize
+from dflash_zoo.training.blocks import LossOut, summarize, supervised_slots
 from dflash_zoo.training.head_loss import chunked_loss, default_rows
 
 
@@ -80,11 +80,8 @@ def dflash2_loss(
     """The DFlash 2 loss from the drafter's states hidden [R, n*B, H]; labels, w [R, n, B]; real [R, n]: the
     DFlash loss (weighted CE of slots 1..B-1) plus `alpha` times the selector's, both normalised by the
     weights' sum. One pass of the LM head per chunk serves both (chunked: the logits never exist at once)."""
-    r, n, b = labels.shape
-    h = hidden.view(r, n, b, -1)[:, :, 1:].reshape(r * n * (b - 1), -1)  # [M, H]
-    gold = labels[:, :, 1:].reshape(-1)  # [M]
+    h, gold, w1 = supervised_slots(hidden, labels, w)  # [M, H], [M], [M]
     prev = predecessors(labels).reshape(-1)  # [M]
-    w1 = w[:, :, 1:].reshape(-1).float()  # [M]
 
     def part(x: torch.Tensor, s: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
         logits = head(x).float()  # [m, V]
