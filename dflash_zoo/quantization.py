@@ -4,8 +4,9 @@ A pre-quantized target (FP8, MXFP4, bitsandbytes, GPTQ, AWQ, compressed-tensors,
 through transformers' own quantizer, which needs its packages and, for its fast kernels, a recent enough GPU
 (below it, transformers dequantizes FP8 and MXFP4 to bf16 itself, or refuses). `report` says which, naming what
 is missing, from the config alone (packages by `importlib.util.find_spec`, the GPU by `nvidia-smi`), for `check`
-and `info`. The fast engine runs no quantized target yet: its FP8 path is being built, and until then
-`quantized_reason` is why engine selection (engine/select.py) falls back to eager. `load_kwargs` is how
+and `info`. The fast engine runs block-wise (128x128) FP8 targets through its FP8 kernels on a Hopper GPU with
+triton (cuda/ops/fp8.py); for any other quantized target, or elsewhere, `quantized_reason` is why engine
+selection (engine/select.py) falls back to eager (`fp8_reason` for FP8). `load_kwargs` is how
 `TargetAdapter.from_pretrained` loads one: placed by its quantizer at load (`device_map`; bitsandbytes models
 cannot be moved afterwards) in a dtype its kernels take.
 
@@ -74,7 +75,9 @@ METHODS: dict[str, Method] = {
     "nvfp4": Method("NVFP4", (), loadable=False),
     "modelopt": Method("NVIDIA ModelOpt", (), loadable=False),
 }
-FAST_METHODS: frozenset[str] = frozenset()  # what the fast engine runs; "fp8" joins once its FP8 path lands
+FAST_METHODS: frozenset[str] = frozenset({"fp8"})  # what the fast engine runs: block-wise FP8 (`fp8_reason`)
+FP8_BLOCK = [128, 128]  # the weight blocks its FP8 kernels read (cuda/ops/fp8.py)
+FP8_CAPABILITY = (9, 0)  # the GPU they run on: Hopper
 _HALF_ONLY = ("gptq", "awq")  # their CUDA kernels take fp16
 
 
@@ -103,11 +106,16 @@ class QuantReport:
 
 def method_of(qcfg: Any) -> str:
     """transformers' quant_method of a `quantization_config` (dict or config object); bitsandbytes by its bits."""
-    data = qcfg if isinstance(qcfg, dict) else getattr(qcfg, "to_dict", lambda: vars(qcfg))()
-    method = str(data.get("quant_method", "unknown")).lower()
+    data = _config_dict(qcfg)
+    method = data.get("quant_method", "unknown")
+    method = str(getattr(method, "value", method)).lower()  # a loaded config holds transformers' enum
     if method == "bitsandbytes":
         return "bitsandbytes_8bit" if data.get("load_in_8bit") else "bitsandbytes_4bit"
     return method
+
+
+def _config_dict(qcfg: Any) -> dict[str, Any]:
+    return qcfg if isinstance(qcfg, dict) else getattr(qcfg, "to_dict", lambda: vars(qcfg))()
 
 
 def details(qcfg: dict[str, Any]) -> str:
@@ -157,7 +165,7 @@ def report(config: dict[str, Any], have: Any = has_package, gpu: Any = gpu_capab
         return QuantReport(None, "", "transformers' own modules", "as for any target", (), "PASS")
     method = method_of(qcfg)
     spec = METHODS.get(method)
-    fast = _fast_answer(method)
+    fast = _fast_answer(method, qcfg, have, gpu)
     if spec is None:
         return QuantReport(method, details(qcfg), f"transformers' {method} quantizer (requirements not known "
                            "to dflash-zoo)", fast, (), "WARN")  # fmt: skip
@@ -193,12 +201,86 @@ def _eager_answer(spec: Method, have: Any, capability: tuple[int, int] | None) -
     )
 
 
-def _fast_answer(method: str) -> str:
-    if method in FAST_METHODS:
-        return "runs it"
-    if method == "fp8":
-        return "falls back to eager until its FP8 path lands"
-    return "falls back to eager (it runs FP8 targets only, once that path lands)"
+def _fast_answer(method: str, qcfg: dict[str, Any], have: Any, gpu: Any) -> str:
+    if method not in FAST_METHODS:
+        return "falls back to eager (it runs block-wise FP8 targets only)"
+    why = fp8_config_reason(qcfg) or _fp8_gpu_reason(gpu(), have)
+    return f"falls back to eager: {why}" if why else "runs it (FP8 kernels reading the 8-bit weights)"
+
+
+def _fp8_gpu_reason(capability: tuple[int, int] | None, have: Any) -> str | None:
+    """Why the FP8 kernels would not run here, from `nvidia-smi`'s GPU and the installed packages."""
+    if capability is None:
+        return "no GPU seen (its FP8 kernels need a Hopper GPU)"
+    if capability < FP8_CAPABILITY:
+        return f"GPU compute capability {'.'.join(map(str, capability))} < 9.0 (its FP8 kernels need Hopper)"
+    return None if have("triton") else "its FP8 kernels need triton (pip install triton)"
+
+
+def fp8_config_reason(qcfg: Any) -> str | None:
+    """Why the fast engine's FP8 kernels do not read this FP8 `quantization_config`'s weights (None: they do):
+    blocks other than 128x128, static activation scales, or scales not stored as fp32 (`scale_fmt`)."""
+    data = _config_dict(qcfg)
+    block = data.get("weight_block_size")
+    if block is None or list(block) != FP8_BLOCK:
+        blocks = "per tensor" if block is None else "x".join(str(b) for b in block)
+        return f"its FP8 weights are scaled {blocks}; the fast engine's FP8 kernels read 128x128 blocks"
+    if str(data.get("activation_scheme") or "dynamic").lower() != "dynamic":
+        return "it has static activation scales; the fast engine's FP8 kernels take 16-bit activations"
+    if (data.get("scale_fmt") or "float") != "float":
+        return f"its block scales are {data['scale_fmt']}; the fast engine's FP8 kernels read fp32 scales"
+    return None
+
+
+def fp8_modules_reason(adapter: Any) -> str | None:
+    """Where the target holds FP8 tensors the static engine does not read (None: nowhere). It reads FP8
+    weights (with `weight_scale_inv`, `ops.fp8.layout_reason`) in the decoder layers' projections its static
+    layout names: attention q/k/v/o, a dense MLP's gate/up/down, Gated-DeltaNet's input and output projections;
+    the embedding, the LM head, MoE experts, routers and the rest stay in 16 bits."""
+    from dflash_zoo.cuda.ops import fp8 as fp8_ops  # torch: the target is loaded
+
+    layout = type(adapter).static_layout
+    if layout is None:
+        return None
+    at, mlp, gdn = layout.attention, layout.mlp, layout.linear
+    read = {f"{at.path}.{n}" for n in (at.q_proj, at.k_proj, at.v_proj, at.o_proj)}
+    read |= {f"{layout.mlp_path}.{n}" for n in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)} if mlp else set()
+    read |= {f"{gdn.path}.{n}" for n in (*gdn.in_proj, gdn.out_proj)} if gdn else set()
+    inside = set()
+    for i, layer in enumerate(adapter.layers()):
+        for name, mod in layer.named_modules():
+            inside.add(id(mod))
+            if not _holds_fp8(mod):
+                continue
+            why = "it is not a projection the fast engine reads in 8 bits" if name not in read else None
+            why = why or fp8_ops.layout_reason(mod.weight, getattr(mod, "weight_scale_inv", None))
+            if why:
+                return f"layer {i}'s {name} holds FP8 weights: {why}"
+    outside = [n for n, m in adapter.model.named_modules() if id(m) not in inside and _holds_fp8(m)]
+    return f"{outside[0]} holds FP8 weights outside the decoder layers" if outside else None
+
+
+def _fp8(t: Any) -> bool:
+    """An 8-bit float tensor (e4m3 or e5m2)."""
+    return t.is_floating_point() and t.element_size() == 1
+
+
+def _holds_fp8(module: Any) -> bool:
+    return any(_fp8(t) for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)))
+
+
+def fp8_reason(adapter: Any, qcfg: Any) -> str | None:
+    """Why the fast engine's FP8 path cannot run this FP8 target here (None: it can, or transformers dequantized
+    its weights on load): its config (`fp8_config_reason`), FP8 tensors where the engine does not read them
+    (`fp8_modules_reason`), or a device its kernels do not run on (`ops.fp8.device_reason`: a CUDA GPU of
+    compute capability >= 9.0 with triton, or Triton's interpreter)."""
+    from dflash_zoo.cuda.ops import fp8 as fp8_ops  # torch: the target is loaded
+
+    model = adapter.model
+    if not any(_fp8(p) for p in model.parameters()):  # dequantized on load: plain weights
+        return None
+    why = fp8_config_reason(qcfg) or fp8_modules_reason(adapter)
+    return why or fp8_ops.device_reason(next(model.parameters()).device)
 
 
 def _dist(module: str) -> str:
@@ -217,11 +299,10 @@ def quantized_reason(adapter: Any) -> str | None:
     if qcfg is None or not (getattr(model, "is_quantized", False) or getattr(model, "hf_quantizer", None)):
         return None
     method = method_of(qcfg)
-    if method in FAST_METHODS:
-        return None
-    label = METHODS[method].label if method in METHODS else method
     if method == "fp8":
-        return f"the target is {label}-quantized and the fast engine's FP8 path is not built yet"
+        why = fp8_reason(adapter, qcfg)
+        return None if why is None else f"the target is FP8-quantized: {why}"
+    label = METHODS[method].label if method in METHODS else method
     return f"the target is {label}-quantized; the fast engine runs no {label} targets"
 
 

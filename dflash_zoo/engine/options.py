@@ -17,6 +17,7 @@ from typing import Any
 from dflash_zoo.errors import ConfigError
 
 GDN_VERIFY = ("recurrent", "chunk")
+FP8 = ("weight_only", "w8a8", "torch")  # how FP8 projections run (cuda/static/fp8.py)
 # the environment variables of the fast path and the `FastOptions` field each sets
 ENV = {
     "DFLASH_ZOO_KERNELS": "kernels",  # 0: no Triton kernels by default (explicit choices stand)
@@ -25,6 +26,7 @@ ENV = {
     "DFLASH_ZOO_GEMV_ROWS": "gemv_rows",  # projections of up to this many rows (max 16) run the GEMV
     "DFLASH_ZOO_GDN_VERIFY": "gdn_verify",  # chunk: Gated-DeltaNet verifies through the chunked rule
     "DFLASH_ZOO_FLA": "fla",  # 0: never flash-linear-attention's kernels
+    "DFLASH_ZOO_FP8": "fp8",  # weight_only / w8a8 / torch: how an FP8 target's projections run
 }
 
 
@@ -50,6 +52,10 @@ class FastOptions:
             (`DFLASH_ZOO_GDN_VERIFY`).
         fla: flash-linear-attention's gated delta rule where installed (`DFLASH_ZOO_FLA`).
         tune: time each kernel's configs per shape on CUDA, else take the first (`DFLASH_ZOO_TUNE`).
+        fp8: an FP8 target's projections (`DFLASH_ZOO_FP8`): "weight_only" (the FP8 kernels, weights
+            dequantized in registers, 16-bit products: exact up to the sums' rounding), "w8a8" (2+ rows on the
+            FP8 tensor cores, activations quantized per 128 columns) or "torch" (dequantize, then matmul: the
+            reference). None: weight_only where the Triton kernels run, else torch.
     """
 
     graphs: bool | None = None
@@ -68,10 +74,13 @@ class FastOptions:
     gdn_verify: str = "recurrent"
     fla: bool = True
     tune: bool = True
+    fp8: str | None = None
 
     def __post_init__(self) -> None:
         if self.gdn_verify not in GDN_VERIFY:
             raise ConfigError(f"gdn_verify must be one of {', '.join(GDN_VERIFY)}, not {self.gdn_verify!r}")
+        if self.fp8 is not None and self.fp8 not in FP8:
+            raise ConfigError(f"fp8 must be one of {', '.join(FP8)}, not {self.fp8!r}")
         if not 1 <= self.gemv_rows <= 16:
             raise ConfigError(f"gemv_rows must lie in 1..16, not {self.gemv_rows}")
         for name in ("moe_rows", "auto_moe_rows"):
@@ -106,12 +115,16 @@ class FastOptions:
 
 def _parse(var: str, text: str) -> Any:
     """An environment variable's value as its field's type (`ENV`): switches are off at "0"; rows are
-    integers (GEMV rows clamped to 1..16, as always); GDN verify is "chunk" or else recurrent."""
+    integers (GEMV rows clamped to 1..16, as always); GDN verify is "chunk" or else recurrent; FP8 one of `FP8`."""
     name = ENV[var]
     if name in ("kernels", "tune", "fla"):
         return text != "0"
     if name == "gdn_verify":
         return "chunk" if text == "chunk" else "recurrent"
+    if name == "fp8":
+        if text not in FP8:
+            raise ConfigError(f"{var}={text!r} is not one of {', '.join(FP8)}", hint=f"unset {var}")
+        return text
     try:
         rows = int(text)
     except ValueError:

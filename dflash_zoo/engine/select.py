@@ -85,7 +85,7 @@ def _choose(
     else:
         graphs = options.fast_options.graphs
         reason = unsupported_reason(adapter, graphs=cuda if graphs is None else graphs)
-        reason = reason or quantized_reason(adapter)  # the fast engine runs no quantized target yet
+        reason = reason or quantized_reason(adapter)  # quantized: block-wise FP8 only, where its kernels run
         if reason is None and drafter is not None:
             reason = drafter_reason(drafter)
         unverified = cuda_unverified_reason(adapter) if cuda and options.fast is None else None

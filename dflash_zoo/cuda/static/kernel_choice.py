@@ -3,8 +3,9 @@
 Defaults on CUDA with triton (`FastOptions.kernels`, `DFLASH_ZOO_KERNELS=0` turns them off; explicit choices
 stand either way): split-KV attention for every step, one-row projections through the GEMV, the elementwise
 work between GEMMs through the fused kernels (uncompiled only: compiled, inductor fuses those ops itself), and
-sparse MoE experts through the expert kernels for steps of up to `FastOptions.auto_moe_rows` rows. Otherwise
-SDPA (explicit sums over key chunks for a compiled one-row step), cuBLAS and torch ops. Measured on an H200:
+sparse MoE experts through the expert kernels for steps of up to `FastOptions.auto_moe_rows` rows, and an FP8
+target's projections through the FP8 kernels (weight-only). Otherwise SDPA (explicit sums over key chunks for a
+compiled one-row step), cuBLAS and torch ops (FP8: dequantize, then matmul). Measured on an H200:
 docs/performance.md.
 """
 
@@ -27,18 +28,20 @@ COMPILED_DECODE_ATTENTION = "chunks"
 @dataclass(frozen=True)
 class Kernels:
     """The resolved choice: attention of one-row steps (`DECODE_ATTENTION`) and of blocks (`BLOCK_ATTENTION`),
-    the GEMV for few-row projections, the fused elementwise kernels, and the most rows a step may have for the
-    expert kernels to run its sparse MoE blocks (0: never)."""
+    the GEMV for few-row projections, the fused elementwise kernels, the most rows a step may have for the
+    expert kernels to run its sparse MoE blocks (0: never), and how FP8 projections run (`options.FP8`)."""
 
     decode_attention: str
     block_attention: str
     gemv: bool
     fused_ops: bool
     moe_rows: int
+    fp8: str = "torch"
 
     def projections(self, options: FastOptions) -> Gemv:
-        """How few-row projections run (`linear.Gemv`): the GEMV where chosen, for up to `gemv_rows` rows."""
-        return Gemv(self.gemv, options.gemv_rows, options.tune)
+        """How few-row projections run (`linear.Gemv`): the GEMV where chosen, for up to `gemv_rows` rows; FP8
+        ones as `fp8`."""
+        return Gemv(self.gemv, options.gemv_rows, options.tune, self.fp8)
 
 
 def choose_kernels(device: torch.device, options: FastOptions) -> Kernels:
@@ -58,10 +61,13 @@ def choose_kernels(device: torch.device, options: FastOptions) -> Kernels:
             raise ValueError(f"{what}_attention must be one of {sorted(table)}, not {name!r}")
         if name == "split" and why:
             raise ValueError(f"{what}_attention='split': {why}")
-    for name, on in [("gemv", gemv), ("fused_ops", fused)]:
+    # FP8 projections: the FP8 kernels wherever the Triton kernels are the default (a device's compute
+    # capability is engine selection's question, `quantization.fp8_reason`)
+    fp8 = options.fp8 or ("weight_only" if triton_ok else "torch")
+    for name, on in [("gemv", gemv), ("fused_ops", fused), (f"fp8={fp8!r}", fp8 != "torch")]:
         if on and why:
             raise ValueError(f"{name}: {why}")
-    return Kernels(decode, block, gemv, fused, _moe_rows(why, gemv, options))
+    return Kernels(decode, block, gemv, fused, _moe_rows(why, gemv, options), fp8)
 
 
 def _moe_rows(why: str | None, gemv: bool, options: FastOptions) -> int:

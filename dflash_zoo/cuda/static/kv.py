@@ -30,10 +30,14 @@ class KVBuffers:
     """K/V buffers of every attention layer (None for Gated-DeltaNet layers), their rings and masks.
 
     Args: the target's layers, its query heads, the buffers' length, the most rows a step writes (the
-    verify block) and the device.
+    verify block), the device and the activations' dtype (None: the k projections' weights', which an FP8
+    target's are not).
     """
 
-    def __init__(self, layers: list[LayerModules], heads: int, max_len: int, max_rows: int, device):
+    def __init__(
+        self, layers: list[LayerModules], heads: int, max_len: int, max_rows: int, device, dtype=None
+    ):
+        self.dtype = dtype
         self.ring = [ring_size(m.window, max_rows, max_len) if m.q is not None else None for m in layers]
         self.slot_pos = {
             r: torch.full((r,), NOWHERE, dtype=torch.long, device=device) for r in set(self.ring) if r
@@ -52,8 +56,9 @@ class KVBuffers:
         for i, m in enumerate(layers):
             if m.k is not None:
                 w, rows = m.k.weight, self.ring[i] or max_len
+                dtype = self.dtype or w.dtype
                 k[i] = torch.zeros(
-                    1, m.k.out_features // m.head_dim, rows, m.head_dim, device=w.device, dtype=w.dtype
+                    1, m.k.out_features // m.head_dim, rows, m.head_dim, device=w.device, dtype=dtype
                 )
                 v[i] = torch.zeros_like(k[i])
         for i, m in enumerate(layers):

@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 from dflash_zoo.cuda.ops import fused
-from dflash_zoo.cuda.ops import gemv as gemv_ops
-from dflash_zoo.cuda.static.linear import OFF, FusedLinear, Gemv, Parts, project
+from dflash_zoo.cuda.static.linear import OFF, FusedLinear, Gemv, Parts, apply, project, project_sums
 
 
 @dataclass(frozen=True)
@@ -40,17 +39,15 @@ def swiglu_mlp(k: MLPKernels, gate_up: FusedLinear, down: nn.Linear, act: Callab
     sums = gate_up.parts(x) if k.gate_act and k.gemv.on else None  # [S, 1, 2F] fp32
     if sums is None:
         return swiglu_down(k, *gate_up(x), down, act, fold)
-    f, kind, tune = down.in_features, k.gate_act, k.gemv.tune
+    f = down.in_features
     gate, up = sums[..., :f], sums[..., f:]
-    if fold:  # (`parts` is None while traced)
-        return Parts(
-            gemv_ops.gemv_parts(up, down.weight, gate, act=kind, in_parts=True, tune=tune), down.bias
-        )
-    return gemv_ops.gemv(up, down.weight, down.bias, gate, kind, True, tune).view(*x.shape[:-1], -1)
+    # (`parts` is None while traced)
+    out = project_sums(down, up, gate, k.gate_act, k.gemv, fold, x.dtype)
+    return out if isinstance(out, Parts) else out.view(*x.shape[:-1], -1)
 
 
 def swiglu_down(k: MLPKernels, gate, up, down: nn.Linear, act: Callable, fold: bool = False):
     """down(act(gate) * up) for the gate and up outputs [..., F], as `swiglu_mlp`."""
     # act(gate) * up computed inside the GEMV kernel, where it computes that activation
     projected = project(down, up, gate, k.gemv, fold, k.gate_act) if k.gate_act else None
-    return down(swiglu(act, gate, up, k.swiglu)) if projected is None else projected
+    return apply(down, swiglu(act, gate, up, k.swiglu), k.gemv) if projected is None else projected

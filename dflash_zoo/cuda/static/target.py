@@ -11,7 +11,7 @@ Fewer kernels per layer (each costs ~2.5 us inside a graph on an H200, docs/perf
 and the resolved `Kernels` say: fused q/k/v and gate/up GEMMs (linear.py), `F.rms_norm` (norms.py), split-KV
 attention, few-row projections through the GEMV, and the elementwise work between GEMMs through the fused
 kernels, each residual add inside the next norm's kernel (which also sums a one-row o / down GEMV's partial
-sums).
+sums). FP8 projections (an FP8 target's, fp8.py) run through the FP8 kernels, in the same places.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from dflash_zoo.cuda.ops import fp8 as fp8_ops
 from dflash_zoo.cuda.ops.attention import BLOCK_ATTENTION, DECODE_ATTENTION, grouped_sinks, grouped_split
 from dflash_zoo.cuda.ops.gemv import ACTS
 from dflash_zoo.cuda.static import sandwich
@@ -34,6 +35,8 @@ from dflash_zoo.cuda.static.moe import MoEBlocks
 from dflash_zoo.cuda.static.norms import Norms
 from dflash_zoo.cuda.static.qkv import QKVOptions, qkv_store, rope_kernel
 from dflash_zoo.engine.options import FastOptions
+from dflash_zoo.errors import UnsupportedModelError
+from dflash_zoo.quantization import fp8_modules_reason
 
 if TYPE_CHECKING:
     from dflash_zoo.adapters.base import TargetAdapter
@@ -62,6 +65,7 @@ class StaticTarget:
         self.layers, self.final_norm, self.rotary_emb = mods.layers, mods.final_norm, mods.rotary_emb
         self.hidden, self.heads = adapter.text_config.hidden_size, adapter.text_config.num_attention_heads
         self.dtype = mods.final_norm.weight.dtype
+        self._fp8(mods, kernels)
         self._choose(mods, options, kernels)
         self.taps: dict[int, list[int]] = {}  # layer id -> tap slots (ids may repeat)
         for slot, lid in enumerate(tap_ids):
@@ -70,10 +74,23 @@ class StaticTarget:
         # sandwich-norm layers: each residual add, with its norms, in one kernel (sandwich.py)
         self.sandwich = [sandwich.runs(self, i) for i in range(len(self.layers))]
         self.fold_o, self.fold_down = self._folds(mods.final_norm)
-        self.kv = KVBuffers(self.layers, self.heads, max_len, max_rows, mods.final_norm.weight.device)
+        # an FP8 target's K/V in its activations' dtype (None: its k projections' weights')
+        device, kv_dtype = mods.final_norm.weight.device, self.dtype if self.fp8_weights else None
+        self.kv = KVBuffers(self.layers, self.heads, max_len, max_rows, device, kv_dtype)
         self._scratch: dict[int, tuple] = {}  # prefill only: full-prompt K/V of ring layers
         self.has_attention = any(q is not None for q in self.qkv)  # else no rotary tables to compute
         self.per_layer = any(m.per_layer is not None for m in self.layers)  # per-layer inputs from the ids
+
+    def _fp8(self, mods: TargetModules, kernels: Kernels) -> None:
+        """Refuse FP8 weights the engine does not read (engine selection's reason), or FP8 kernels (the mode
+        `kernels.fp8`) where they cannot run."""
+        why = fp8_modules_reason(self.adapter)
+        self.fp8_weights = any(p.dtype == fp8_ops.FP8 for p in self.model.parameters())
+        if why is None and self.fp8_weights and kernels.fp8 != "torch":
+            why = fp8_ops.device_reason(mods.final_norm.weight.device)
+        if why is not None:
+            hint = "fast=False runs it on the eager engine"
+            raise UnsupportedModelError(f"the target is FP8-quantized: {why}", hint=hint)
 
     def _choose(self, mods: TargetModules, options: FastOptions, kernels: Kernels) -> None:
         """The rotary layout, the attention functions, the norms and the MLPs' kernels."""

@@ -1,0 +1,344 @@
+"""FP8 projections: y = x @ dequant(W, S)^T + b, for weights in transformers' fine-grained FP8 layout.
+
+The layout (transformers `integrations/finegrained_fp8.py`, `FP8Linear`; DeepSeek-V3's, Qwen3-FP8's): W is
+float8_e4m3fn [N, K]; S (`weight_scale_inv`) holds one fp32 scale per 128 x 128 block [ceil(N/128),
+ceil(K/128)], the block's absolute maximum / 448 (e4m3's largest finite value), and dequant(W, S) = W * S in
+fp32. `quantize` writes it as transformers' quantizer does; `dequantize` and `reference` are the torch forms
+the kernels are tested against.
+
+`linear` reads the FP8 weight itself (half a bf16 weight's bytes, the whole point: decoding is memory-bound):
+- one row: a split-K GEMV (as gemv.py's) scaling each e4m3 tile as it multiplies it; `linear_parts` stops
+  before the sum (the next residual add sums the slices); `in_parts` takes a gate/up GEMV's sums as input;
+- more rows (a verify or draft block, a prefill): a tensor-core kernel multiplying x by the e4m3 tile (exact
+  in 16 bits), each block's product scaled as it is added: weight-only, exact up to the sums' rounding.
+  `w8a8` quantizes the rows per 128 columns instead (amax / 448, as transformers' FP8 kernel does) and
+  multiplies on Hopper's FP8 tensor cores: not exact, an option (`FastOptions.fp8`).
+Configs are timed per shape on CUDA (`runtime.graph_ms`, outside graph capture), else the first is taken.
+Torch custom ops (one opaque call to `torch.compile`, captured by CUDA graphs), run on a CUDA GPU of compute
+capability >= 9.0 (`device_reason`) or anywhere under Triton's interpreter (the CPU tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from dflash_zoo.cuda.ops.gemv import ACT_OPS
+from dflash_zoo.cuda.ops.runtime import available, graph_ms, pow2, sms, tunes
+
+log = logging.getLogger("dflash_zoo")
+
+FP8 = torch.float8_e4m3fn
+BLOCK = 128  # rows and columns of a scale block
+QMAX = 448.0  # e4m3's largest finite value
+CAPABILITY = (9, 0)  # Hopper: where the kernels were built for (and FP8 tensor cores exist)
+ROWS = 16  # up to this many rows a step's projections split K over the SMs; more rows (prefill) tile M
+
+# one row: (rows per program, K per iteration, programs per SM, warps, prefetch); BK divides BLOCK. The first of
+# each list runs untimed (`tune` off: the GPU tests; the CPU tests, whose interpreter is fastest on big tiles)
+GEMV_CONFIGS = [
+    (bn, bk, per_sm, 4 if bn * bk <= 4096 else 8, prefetch)
+    for prefetch in (1, 0)
+    for bn in (64, 32, 16)
+    for bk in (128, 64)
+    for per_sm in (4, 8, 2)
+]
+# 2..ROWS rows: (BM, BN, BK, programs per SM, warps, stages); per_sm 1 at wide N gives few K slices, one at
+# N / BN >= the SMs, written directly (no partial sums, no second kernel)
+GEMM_CONFIGS = [
+    (16, bn, 128, per_sm, 4, stages) for bn in (128, 64) for per_sm in (1, 2, 4) for stages in (3, 2, 4)
+]
+# more rows (a prefill): one K slice
+PREFILL_CONFIGS = [(64, 128, 128, 0, 4, 3), (128, 128, 128, 0, 8, 3), (64, 64, 128, 0, 4, 4)]
+_tuned: dict[tuple, tuple[int, ...]] = {}
+
+
+@functools.cache
+def _kernels():
+    from dflash_zoo.cuda.ops import fp8_kernels as k  # triton on first use only
+    from dflash_zoo.cuda.ops import gemv_kernels
+
+    return k.fp8_gemv_part, k.fp8_gemm, gemv_kernels.gemv_sum, k.TL_DTYPES
+
+
+def device_reason(device: torch.device, capability: tuple[int, int] | None = None) -> str | None:
+    """None where the FP8 kernels run on `device` (a CUDA GPU of compute capability >= 9.0 with triton, or
+    Triton's interpreter), else why not. `capability`: the GPU's (None: asked of the device)."""
+    why = available(device)
+    if why is not None or device.type != "cuda":
+        return why
+    have = capability or torch.cuda.get_device_capability(device)
+    if tuple(have) < CAPABILITY:
+        return f"the FP8 kernels need a Hopper GPU (compute capability >= 9.0), not {have[0]}.{have[1]}"
+    return None
+
+
+# ---- the format and its torch forms ------------------------------------------------------------------------
+def blocks(n: int) -> int:
+    """Scale blocks along a dimension of n."""
+    return -(-n // BLOCK)
+
+
+def layout_reason(weight: torch.Tensor, scales: object) -> str | None:
+    """Why a weight and its `weight_scale_inv` are not the layout the kernels read (float8_e4m3fn [N, K], fp32
+    [ceil(N/128), ceil(K/128)]); None: they are."""
+    if weight.dtype != FP8 or weight.dim() != 2:
+        got = f"{str(weight.dtype).removeprefix('torch.')} {list(weight.shape)}"
+        return f"its weight is {got}, not float8_e4m3fn [N, K]"
+    want = [blocks(n) for n in weight.shape]
+    if not isinstance(scales, torch.Tensor):
+        return f"it has no weight_scale_inv (fp32 {want}, one scale per 128 x 128 block)"
+    if scales.dtype != torch.float32 or list(scales.shape) != want:
+        got = f"{str(scales.dtype).removeprefix('torch.')} {list(scales.shape)}"
+        return f"its weight_scale_inv is {got}, not fp32 {want} (one scale per 128 x 128 block)"
+    return None
+
+
+def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (float8_e4m3fn [N, K], fp32 scales [ceil(N/128), ceil(K/128)]), as transformers' quantizer
+    (`Fp8Quantize`): per block, scale = 448 / amax (1 for an all-zero block), the weight times it clamped to
+    +-448 and cast, and the stored scale its reciprocal. An edge block takes the amax of what it covers."""
+    n, k = w.shape
+    nb, kb = blocks(n), blocks(k)
+    padded = F.pad(w.float(), (0, kb * BLOCK - k, 0, nb * BLOCK - n))  # zeros change no amax
+    tiles = padded.reshape(nb, BLOCK, kb, BLOCK)
+    amax = tiles.abs().amax(dim=(1, 3))  # [nb, kb]
+    scale = torch.where(
+        amax > 0, QMAX / amax.clamp(min=torch.finfo(torch.float32).tiny), torch.ones_like(amax)
+    )
+    q = (tiles * scale[:, None, :, None]).clamp(-QMAX, QMAX).to(FP8).reshape(nb * BLOCK, kb * BLOCK)
+    return q[:n, :k].contiguous(), (1.0 / scale).float()
+
+
+def dequantize(weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn [N, K] and its block scales -> the fp32 weight [N, K] (each block times its scale)."""
+    n, k = weight.shape
+    full = scales.float().repeat_interleave(BLOCK, 0)[:n].repeat_interleave(BLOCK, 1)[:, :k]  # [N, K]
+    return weight.float() * full
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows x [..., K] -> (float8_e4m3fn [..., K], fp32 scales [..., ceil(K/128)]): per row and 128-column
+    group, amax / 448 (the `w8a8` kernels' activation quantization)."""
+    k = x.shape[-1]
+    groups = F.pad(x.float(), (0, blocks(k) * BLOCK - k)).unflatten(-1, (blocks(k), BLOCK))
+    xs = groups.abs().amax(-1).clamp(min=1e-30) / QMAX
+    q = (groups / xs[..., None]).clamp(-QMAX, QMAX).to(FP8).flatten(-2)[..., :k]
+    return q, xs
+
+
+def reference(
+    x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None, act: int = 1, w8a8: bool = False, dtype: torch.dtype | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """`linear` in torch: dequantize, then multiply in fp32, rounded to `dtype` (x's). With `gate`, the input is
+    act(gate) * x as HF computes it; `w8a8`: x quantized per row and 128 columns first (`quantize_rows`)."""
+    dtype = dtype or x.dtype
+    if gate is not None:
+        x = ACT_OPS[act](gate.to(dtype)) * x.to(dtype)
+    xf = x.float()
+    if w8a8:
+        q, xs = quantize_rows(xf)
+        xf = q.float() * xs.repeat_interleave(BLOCK, -1)[..., : x.shape[-1]]
+    y = xf @ dequantize(weight, scales).T
+    return (y if bias is None else y + bias.float()).to(dtype)
+
+
+# ---- launches -----------------------------------------------------------------------------------------------
+def _split(n: int, k: int, per_block: int, bk: int, per_sm: int, x) -> tuple[int, int, int]:
+    """(output blocks, K slices, K per slice): ~per_sm programs per SM, whole BK steps per slice."""
+    out_blocks = -(-n // per_block)
+    splits = max(1, min(-(-k // bk), -(-per_sm * sms(x) // out_blocks)))
+    k_split = bk * -(-k // (splits * bk))
+    return out_blocks, -(-k // k_split), k_split
+
+
+def w8a8_of(config: tuple) -> bool:
+    """Whether a config of 2+ rows multiplies quantized activations (the flag rides in it: `_configs`)."""
+    return len(config) > 6 and bool(config[6])
+
+
+def _parts(x, weight, scales, gate, config, act: int, in_parts: bool, dtype, bias=None, direct=False):
+    """fp32 partial sums [slices, rows, N] of x [..., K] (or one row's partial sums [S, 1, K], `in_parts`)
+    times dequant(weight)^T; with `direct` and one slice (2+ rows), the output [rows, N] itself."""
+    act = act if gate is not None else 0
+    g = gate if gate is not None else x
+    if in_parts or x.numel() == x.shape[-1]:
+        return _gemv_parts(x, weight, scales, g, config, act, in_parts, dtype)
+    return _gemm(x, weight, scales, g, config, act, dtype, bias, direct)
+
+
+def _gemv_parts(x, weight, scales, g, config, act: int, in_parts: bool, dtype) -> torch.Tensor:
+    """One row: the split-K GEMV's fp32 partial sums [slices, 1, N]."""
+    (n, k), (bn, bk, per_sm, warps, prefetch) = weight.shape, config
+    out_blocks, splits, k_split = _split(n, k, bn, bk, per_sm, x)
+    part = torch.empty(splits, 1, n, device=x.device, dtype=torch.float32)
+    in_splits, in_plane = (x.shape[0], x.stride(0)) if in_parts else (1, 0)
+    _kernels()[0][(out_blocks, splits)](
+        weight, scales, x, g, part, n, k, k_split, scales.stride(0), in_splits, in_plane, DT=_kernels()[3][dtype],
+        BN=bn, BK=bk, ACT=act, PREFETCH=bool(prefetch), IN_PARTS=in_parts, num_warps=warps,
+    )  # fmt: skip
+    return part
+
+
+def _gemm(x, weight, scales, g, config, act: int, dtype, bias, direct: bool) -> torch.Tensor:
+    """2+ rows on the tensor cores: fp32 partial sums [slices, rows, N], or with `direct` and one slice the
+    output [rows, N] (plus bias) in x's dtype. A prefill config (per_sm 0) tiles M and takes K whole."""
+    (n, k), (bm, bn, bk, per_sm, warps, stages) = weight.shape, config[:6]
+    rows = x.numel() // k
+    x2, g2 = x.reshape(rows, k), g.reshape(rows, k)  # views: rows may be strided (halves of gate/up)
+    if per_sm:
+        out_blocks, splits, k_split = _split(n, k, bn, bk, per_sm, x)
+    else:
+        out_blocks, splits, k_split = -(-n // bn), 1, bk * -(-k // bk)
+    direct = direct and splits == 1
+    shape = (rows, n) if direct else (splits, rows, n)
+    out = torch.empty(shape, device=x.device, dtype=dtype if direct else torch.float32)
+    _kernels()[1][(-(-rows // bm), out_blocks, splits)](
+        weight, scales, x2, g2, out, bias if bias is not None else out, rows, n, k, k_split, x2.stride(0),
+        g2.stride(0), scales.stride(0), BM=bm, BN=bn, BK=bk, ACT=act, DIRECT=direct, BIAS=bias is not None,
+        IEEE=dtype == torch.float32, W8A8=w8a8_of(config), num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return out
+
+
+def _launch(x, weight, scales, bias, gate, config, act: int, in_parts: bool, dtype) -> torch.Tensor:
+    """`linear` with a given config: the kernel's output, or its partial sums added up (bias too) by
+    gemv.py's sum kernel."""
+    n = weight.shape[0]
+    shape = (1, n) if in_parts else (*x.shape[:-1], n)
+    part = _parts(x, weight, scales, gate, config, act, in_parts, dtype, bias, direct=True)
+    if part.dim() == 2:  # one K slice of 2+ rows: the kernel wrote the output
+        return part.view(shape)
+    splits, flat = part.shape[0], part[0].numel()
+    out = torch.empty(shape, device=x.device, dtype=dtype)
+    b = bias if bias is not None else part
+    _kernels()[2][(-(-flat // 256),)](
+        part, b, out, flat, splits, n, BLOCK=256, S=pow2(splits, 1), BIAS=bias is not None
+    )  # fmt: skip
+    return out
+
+
+def _configs(rows: int, w8a8: bool) -> list[tuple]:
+    """The candidates for a row count; w8a8's carry the flag, and tile 64 rows (at 16, Triton multiplies FP8 as
+    fp16 on sm_90; from 64 on Hopper's FP8 wgmma, the padding rows costing no bytes)."""
+    if rows == 1:
+        return GEMV_CONFIGS
+    table = GEMM_CONFIGS if rows <= ROWS else PREFILL_CONFIGS
+    return [(max(c[0], 64), *c[1:], 1) for c in table] if w8a8 else table
+
+
+def _config(x, weight, scales, gate, act, in_parts, dtype, w8a8, tune, parts=False) -> tuple:
+    """The fastest config for this shape and row count (rows > ROWS share one), timed once where
+    `runtime.tunes` (each call after a 128 MB write, so the weight comes from HBM), else the first."""
+    rows = 1 if in_parts else x.numel() // x.shape[-1]
+    w8a8 = w8a8 and rows > 1
+    configs = _configs(rows, w8a8)
+    key = (tuple(weight.shape), act if gate is not None else 0, min(rows, ROWS + 1), in_parts, parts, w8a8,
+           dtype, x.device)  # fmt: skip
+    if key in _tuned:
+        return _tuned[key]
+    if not tunes(x, tune):
+        return configs[0]
+    flush = torch.empty(2**25, device=x.device, dtype=torch.float32)
+    base = graph_ms(flush.zero_)
+    if parts:
+        run = functools.partial(_parts, act=act, in_parts=in_parts, dtype=dtype)
+    else:
+        run = functools.partial(_launch, bias=None, act=act, in_parts=in_parts, dtype=dtype)
+    times = {
+        c: graph_ms(lambda c=c: (flush.zero_(), run(x, weight, scales, gate=gate, config=c))) - base
+        for c in configs
+    }
+    _tuned[key] = best = min(times, key=times.get)
+    log.debug("fp8 %s: %s (%.1f us)", key[:6], best, times[best] * 1e3)
+    return best
+
+
+def tuned_configs() -> dict[str, list[int]]:
+    """The configs timed so far, by rows, K and N ("1x12288->4096+gated"), for bench records."""
+    return {
+        f"{'>16' if rows > ROWS else rows}x{k}->{n}{'+gated' if act else ''}{'+in_parts' if inp else ''}"
+        f"{'+parts' if parts else ''}{'+w8a8' if w8a8 else ''}": list(c)
+        for ((n, k), act, rows, inp, parts, w8a8, _, _), c in _tuned.items()
+    }
+
+
+def _inputs(x, weight, scales, gate, in_parts: bool, dtype, rows_cap: int | None):
+    """Checked inputs: FP8 weight and fp32 scales of the block grid, a row-contiguous x (and gate), the dtype."""
+    if weight.dtype != FP8 or weight.dim() != 2:
+        raise ValueError(f"an FP8 projection takes a float8_e4m3fn [N, K] weight, not {weight.dtype}")
+    n, k = weight.shape
+    if scales.dtype != torch.float32 or tuple(scales.shape) != (blocks(n), blocks(k)):
+        raise ValueError(
+            f"block scales of a [{n}, {k}] weight are fp32 [{blocks(n)}, {blocks(k)}], "
+            f"not {scales.dtype} {list(scales.shape)}"
+        )
+    if in_parts:
+        if x.dim() != 3 or x.shape[1] != 1 or x.dtype != torch.float32 or dtype is None:
+            raise ValueError("partial sums as input: fp32 [slices, 1, K] rows, and the activations' dtype")
+        if gate is not None and (gate.shape != x.shape or gate.stride() != x.stride()):
+            raise ValueError("the gate's partial sums are laid out as the input's")
+        return x, gate, dtype
+    rows = x.numel() // x.shape[-1]
+    if rows_cap is not None and rows > rows_cap:
+        raise ValueError(f"FP8 partial sums take at most {rows_cap} rows, not {list(x.shape)}")
+    x = x if x.stride(-1) == 1 else x.contiguous()  # rows may stay strided; each row contiguous
+    gate = gate if gate is None or gate.stride(-1) == 1 else gate.contiguous()
+    return x, gate, dtype or x.dtype
+
+
+@torch.library.custom_op("dflash_zoo::fp8_linear", mutates_args=())
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scales: torch.Tensor,
+    bias: torch.Tensor | None,
+    gate: torch.Tensor | None = None,
+    act: int = 1,
+    in_parts: bool = False,
+    dtype: torch.dtype | None = None,
+    w8a8: bool = False,
+    tune: bool = True,
+) -> torch.Tensor:
+    """x [..., K] -> x @ dequant(weight, scales)^T (+ bias) [..., N], in `dtype` (x's). With `gate` the input is
+    act(gate) * x (`gemv.ACTS`). One row: the split-K GEMV; more: the tensor-core kernel (`w8a8`: activations
+    quantized, FP8 tensor cores). `in_parts`: x and gate are one row's fp32 partial sums [S, 1, K]; `dtype`
+    then names the activations' dtype; the output is [1, N]. `tune`: time the configs, else the first."""
+    x, gate, dtype = _inputs(x, weight, scales, gate, in_parts, dtype, None)
+    config = _config(x, weight, scales, gate, act, in_parts, dtype, w8a8, tune)
+    return _launch(x, weight, scales, bias, gate, config, act, in_parts, dtype)
+
+
+@linear.register_fake
+def _(x, weight, scales, bias, gate=None, act=1, in_parts=False, dtype=None, w8a8=False, tune=True):
+    shape = (1, weight.shape[0]) if in_parts else (*x.shape[:-1], weight.shape[0])
+    return x.new_empty(shape, dtype=dtype or x.dtype)
+
+
+@torch.library.custom_op("dflash_zoo::fp8_linear_parts", mutates_args=())
+def linear_parts(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scales: torch.Tensor,
+    gate: torch.Tensor | None = None,
+    act: int = 1,
+    in_parts: bool = False,
+    dtype: torch.dtype | None = None,
+    w8a8: bool = False,
+    tune: bool = True,
+) -> torch.Tensor:
+    """`linear` without its last kernel, for at most ROWS rows: fp32 partial sums [slices, rows, N] whose
+    in-order sum is the output before bias and rounding (`fused.add_rms_norm` sums them into the residual)."""
+    x, gate, dtype = _inputs(x, weight, scales, gate, in_parts, dtype, ROWS)
+    config = _config(x, weight, scales, gate, act, in_parts, dtype, w8a8, tune, parts=True)
+    return _parts(x, weight, scales, gate, config, act, in_parts, dtype)
+
+
+@linear_parts.register_fake
+def _(x, weight, scales, gate=None, act=1, in_parts=False, dtype=None, w8a8=False, tune=True):
+    # not traceable: the slice count is tuned at run time (the static path never compiles it)
+    raise NotImplementedError("fp8_linear_parts has no fixed output shape to trace")
