@@ -29,7 +29,7 @@ import torch
 from dflash_zoo.bench import meta as benchmeta
 from dflash_zoo.bench.shapes import CODER_MOE, SHAPES, Shape, shape_target  # noqa: F401 (re-exported)
 from dflash_zoo.bench.shapes import shape_drafter as _random_drafter
-from dflash_zoo.cuda.ops import gemv, moe
+from dflash_zoo.cuda.ops import fp8, gemv, moe
 from dflash_zoo.engine.factory import build_engine
 from dflash_zoo.engine.options import EngineOptions, FastOptions
 from dflash_zoo.engine.results import GenerationConfig, GenerationResult, first_difference
@@ -250,6 +250,8 @@ def _engine_settings(eng: Any) -> dict[str, Any]:
         "fused_ops": k.fused_ops,
         "moe_rows": k.moe_rows,
         "expert_configs": moe.tuned_configs() if k.moe_rows else None,  # (rows, K tile, warps)
+        # an FP8 target's projections (cuda/static/fp8.py): the mode, and the FP8 kernels' timed configs
+        **({"fp8": k.fp8, "fp8_configs": fp8.tuned_configs() or None} if eng.target.fp8_weights else {}),
     }
 
 

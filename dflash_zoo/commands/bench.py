@@ -35,6 +35,7 @@ Examples:
   dflash-zoo bench                                        # demo pair, its held-out stdlib files
   dflash-zoo bench --shape qwen3-8b --what-if-acceptance 6.5
   dflash-zoo bench --shape qwen3-8b --what-if-acceptance 6.5 --compile
+  dflash-zoo bench --shape qwen3-8b --what-if-acceptance 6.5 --fp8   # block-FP8 vs its bf16 self
   dflash-zoo bench --shape qwen3.5-9b --what-if-acceptance 6.5 --profile   # time and kernels per step
   dflash-zoo bench qwen3-8b --prompt-tokens 512 --max-new-tokens 512
   dflash-zoo bench qwen3-8b --prompts prompts.jsonl --limit 20
@@ -144,11 +145,17 @@ FIXED_PROMPT_TOKENS, FIXED_NEW_TOKENS = 512, 512  # one fixed prompt (or a rando
     default=None,
     help="With --shape: build its drafter as this architecture (DFlash 2 vs DFlash at one target and block).",
 )
+@click.option(
+    "--fp8",
+    is_flag=True,
+    help="With --shape: quantize the target's decoder projections to block-wise FP8 (128x128, transformers' "
+    "layout) and measure it on the fast engine against its bf16 self: tok/s ratios and greedy divergence.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON record on stdout.")
 @bench_train.train_options
 def bench(
     entry, target, draft, shape, dtype, device, devices, paths, out, as_json, compile_steps,
-    prompts_file, raw, limit, prompt_tokens, new_tokens, new_tokens_alias, **kw,
+    prompts_file, raw, limit, prompt_tokens, new_tokens, new_tokens_alias, fp8, **kw,
 ) -> None:  # fmt: skip
     """Autoregressive vs DFlash speed on one target and a prompt (or a prompt set), with a provenance record.
 
@@ -160,7 +167,7 @@ def bench(
     if train.train:
         extra = {"--prompts": prompts_file, "--raw": raw, "--limit": limit, "--devices": devices, "--path": paths,
                  "--prompt-tokens": prompt_tokens, "--max-new-tokens": new_tokens or new_tokens_alias,
-                 "--compile": compile_steps}  # fmt: skip
+                 "--compile": compile_steps, "--fp8": fp8}  # fmt: skip
         return bench_train.run(train, shape, entry or target or draft, device, dtype, kw, extra, out, as_json)
 
     from dflash_zoo.api import parse_dtype, resolve_devices
@@ -183,6 +190,13 @@ def bench(
         raise click.UsageError("--draft-arch rebuilds a --shape's drafter; it needs --shape")
     if shape and (prompts_file or raw or limit):
         raise click.UsageError("--shape has no tokenizer: drop --prompts, --raw and --limit")
+    if fp8 and not shape:
+        raise click.UsageError("--fp8 quantizes a --shape's random weights; an FP8 checkpoint runs as it is")
+    if fp8 and (devices or "eager" in paths):
+        raise click.UsageError(
+            "--fp8 measures the fast engine (transformers' own FP8 forward fetches a kernel from the Hub): "
+            "drop --path eager and --devices"
+        )
     check_device(device)  # `--device nonsense` / a GPU this machine lacks: before anything is built
     check_model_paths(entry, target, draft)
     if not shape:  # a mistyped registry id or a broken local target: before anything loads
@@ -208,7 +222,7 @@ def bench(
         sub = B.pair_subject(entry or target, draft, device, torch_dtype, opts, devices, prompt_set, raw)
     if not shape:  # a too-long prompt is refused; running past the positions is a warning
         _check_positions(sub, prompt_set, opts.new_tokens, prompt_tokens)
-    if not paths:  # the engine `generate` would pick, as `engine/select.py` decides
+    if not paths and not fp8:  # the engine `generate` would pick, as `engine/select.py` decides
         from dflash_zoo.engine.select import EngineOptions, choose_engine
 
         choice = choose_engine(
@@ -216,11 +230,19 @@ def bench(
         )
         info(f"engine: {choice.name} ({choice.reason})")
         opts = B.BenchOptions(**{**vars(opts), "paths": (choice.name,)})
-    record = B.run_bench(sub, opts, ["dflash-zoo", *sys.argv[1:]])
+    argv = ["dflash-zoo", *sys.argv[1:]]
+    if fp8:  # the bf16 target, then the same weights in FP8 (bench/fp8.py)
+        from dflash_zoo.bench.fp8 import run_fp8_bench, summary
+
+        record = run_fp8_bench(sub, opts, argv)
+    else:
+        record = B.run_bench(sub, opts, argv)
     if as_json:
         emit_json(record)
     else:
         _print_table(record)
+    for line in summary(record) if fp8 else ():
+        info(line)
     _warn_spread(record)
     _write_record(record_path, record)
     info(f"record written to {record_path}")
