@@ -409,7 +409,7 @@ def test_architecture_row_names_the_variant(tmp_path):
     assert (
         arch.status == "PASS"
         and arch.detail.startswith("dflash2: DFlash 2")
-        and "eager engine" in arch.detail
+        and "(fast engine)" in arch.detail
     )
     assert q38.draft_fingerprint.architecture == "dflash2" and rows(q38)["upload"] == ["PASS"]
     jetspec = json.loads(fx("qwen3-8b", "draft").read_text())

@@ -76,6 +76,8 @@ def test_one_time_costs_land_on_no_measured_prompt():
     calls = []
 
     class Recorder:  # forwards to the real pipeline, noting which engine each call found
+        drafter = pipe.drafter
+
         def generate(self, ids, **kw):
             calls.append(("spec", len(ids), kw["max_new_tokens"], pipe._engines.get("fast-b8")))
             return pipe.generate(ids, **kw)

@@ -80,7 +80,7 @@ def head_loss(
 
     Args:
         head: h -> logits (the drafter's logits through the target's LM head).
-        rows: rows per chunk (default: about 1 GiB of fp32 logits).
+        rows: rows per chunk (default: about 1 GB of fp32 logits).
     """
     w = w.float()
 
@@ -93,5 +93,5 @@ def head_loss(
 
 
 def default_rows(head: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor) -> int:
-    """Rows per chunk for about 1 GiB of fp32 logits, whatever the head's vocabulary."""
+    """Rows per chunk for about 1 GB of fp32 logits, whatever the head's vocabulary."""
     return chunk_rows(head(h[:1].detach()).shape[-1])
