@@ -81,8 +81,9 @@ def fp8_gemm(W, S, X, Gate, Out, Bias, n_rows, n_out, k_in, k_split, x_stride, g
         s = tl.load(s_col + tl.minimum(k0, k_in - 1) // 128)
         if W8A8:  # one scale per row of the 128-column group; an all-zero group's is tiny, its values 0
             xf = x.to(tl.float32)
-            xs = tl.maximum(tl.max(tl.abs(xf), 1), 1e-30) / QMAX  # [BM]
-            xq = tl.clamp(xf / xs[:, None], -QMAX, QMAX).to(tl.float8e4nv)
+            # IEEE divisions (`/` is approximate on CUDA): the scales and values torch's reference computes
+            xs = tl.div_rn(tl.maximum(tl.max(tl.abs(xf), 1), 1e-30), QMAX)  # [BM]
+            xq = tl.clamp(tl.div_rn(xf, xs[:, None]), -QMAX, QMAX).to(tl.float8e4nv)
             acc += tl.dot(xq, tl.trans(w)) * (xs * s)[:, None]
         elif IEEE:  # fp32 activations: exact products, not TF32
             acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee") * s
