@@ -509,9 +509,9 @@ def test_bench_fp8_writes_the_fp8_record_with_its_bf16_comparison(tmp_path, monk
     d = fp8["divergence"]
     assert d["prompts"] == 4 and d["new_tokens"] == [8] * 4 and len(d["first_divergence"]) == 4
     assert 0 <= d["identical_share"] <= 1
-    assert (
-        "FP8 / bf16 tok/s: autoregressive" in result.stderr and "greedy FP8 vs bf16 over 4" in result.stderr
-    )
+    err = result.stderr
+    assert "FP8 / bf16 tok/s: autoregressive" in err and "fast: FP8 projections torch" in err
+    assert "greedy FP8 vs bf16 over 4 prompts: first divergence at" in err
 
 
 def test_bench_fp8_usage_errors():

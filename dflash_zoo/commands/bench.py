@@ -405,3 +405,5 @@ def _print_table(record: dict) -> None:
                 f"split-K GEMV {'on' if eng['gemv'] else 'off'}, "
                 f"fused elementwise kernels {'on' if eng.get('fused_ops') else 'off'}"
             )
+        if eng and eng.get("fp8"):  # an FP8 target's projections (cuda/static/fp8.py)
+            info(f"{path}: FP8 projections {eng['fp8']}")
