@@ -38,6 +38,7 @@ from dflash_zoo.engine.options import EngineOptions, FastOptions
 from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.engine.select import choose_engine
 from dflash_zoo.errors import ConfigError, UnsupportedModelError
+from dflash_zoo.quantization import FP8_CUDA_VERIFIED
 from tests.static_matrix import fast_engine
 from tests.tiny import VOCAB, tiny_drafter, tiny_target
 
@@ -554,11 +555,18 @@ def test_fp8_kernels_bf16_on_cuda(rows):
 def test_fp8_engine_in_cuda_graphs(shape):
     """fp32 activations in CUDA graphs: the FP8 kernels give the torch reference projection's tokens, speculative
     and autoregressive; selection picks the fast engine on Hopper. bf16: the graphed FP8 engine captures and
-    decodes (equality with another kernel's rounding is not expected there)."""
+    decodes (equality with another kernel's rounding is not expected there). Once this passes on a GPU,
+    `quantization.FP8_CUDA_VERIFIED` makes the FP8 path the default there."""
     if torch.cuda.get_device_capability() < fp8_ops.CAPABILITY:
         pytest.skip("needs a Hopper GPU")
     adapter, drafter = fp8_pair(shape, device="cuda")
-    assert choose_engine(adapter, "cuda", EngineOptions(), drafter=drafter).name == "fast"
+    auto = choose_engine(
+        adapter, "cuda", EngineOptions(), drafter=drafter
+    )  # opt-in until this test has passed
+    assert (
+        auto.name == "fast" if FP8_CUDA_VERIFIED else "FP8 fast path is verified on CPU only" in auto.reason
+    )
+    assert choose_engine(adapter, "cuda", EngineOptions(fast=True), drafter=drafter).name == "fast"
     cfg = GenerationConfig(max_new_tokens=24)
     ref = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False, fp8="torch")
     eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=True)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from dflash_zoo.engine.options import EngineOptions
 from dflash_zoo.engine.static_support import cuda_unverified_reason, drafter_reason, unsupported_reason
-from dflash_zoo.quantization import quantized_reason
+from dflash_zoo.quantization import fp8_unverified_reason, quantized_reason
 
 if TYPE_CHECKING:
     from dflash_zoo.adapters.base import TargetAdapter
@@ -88,7 +88,10 @@ def _choose(
         reason = reason or quantized_reason(adapter)  # quantized: block-wise FP8 only, where its kernels run
         if reason is None and drafter is not None:
             reason = drafter_reason(drafter)
-        unverified = cuda_unverified_reason(adapter) if cuda and options.fast is None else None
+        auto_cuda = cuda and options.fast is None
+        unverified = (
+            (cuda_unverified_reason(adapter) or fp8_unverified_reason(adapter)) if auto_cuda else None
+        )
         if reason is None and unverified is not None:
             return EngineChoice("eager", f"auto: {unverified} (fast=True runs it)")
     if reason is not None:
