@@ -181,7 +181,7 @@ def test_fp8_target_runs_its_fp8_modules_on_gpu(fp8_pair):
         from transformers.integrations.finegrained_fp8 import load_finegrained_fp8_kernel
 
         load_finegrained_fp8_kernel()
-    except (ImportError, ValueError, OSError) as exc:  # the kernel comes from the Hub: offline, none is cached
+    except (ImportError, ValueError, OSError) as exc:  # from the Hub: offline, none is cached
         pytest.skip(f"transformers' FP8 kernel is not available here: {exc}")
     import dflash_zoo
 
