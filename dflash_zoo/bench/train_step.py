@@ -44,6 +44,7 @@ class TrainBenchOptions:
     draft_layers: int | None = None  # None: the shape's drafter
     block_size: int | None = None
     attention: str = "auto"
+    compile: str = "auto"  # regional torch.compile (`training/regions.py`)
     warmup: int = 3
     steps: int = 5
     seed: int = 0
@@ -127,6 +128,7 @@ def build_trainer(shape: str, device: torch.device, dtype: torch.dtype, opts: Tr
         out="unused", draft_layers=opts.draft_layers or s.draft_layers, block_size=opts.block_size or s.block_size,
         batch_size=opts.batch_size, anchors_per_seq=opts.anchors, mask_token_id=s.mask_token_id,
         steps=opts.warmup + opts.steps, seed=opts.seed, attention=opts.attention, max_length=opts.seq_len,
+        compile=opts.compile,
     )  # fmt: skip
     drafter = new_drafter(build_draft_config(model, None, cfg), cfg, None, device)
     count = opts.batch_size * (opts.warmup + opts.steps)
@@ -167,7 +169,12 @@ def run_train_bench(
         "schema": SCHEMA,
         "kind": "train-step",
         "shape": shape,
-        "options": asdict(opts) | {"attention": tr.attention, "dtype": str(dtype).removeprefix("torch.")},
+        "options": asdict(opts)
+        | {
+            "attention": tr.attention,
+            "compile": tr.regions is not None,
+            "dtype": str(dtype).removeprefix("torch."),
+        },
         "drafter": {
             "layers": tr.dcfg.num_hidden_layers,
             "block_size": tr.dcfg.block_size,

@@ -101,9 +101,9 @@ FIXED_PROMPT_TOKENS, FIXED_NEW_TOKENS = 512, 512  # one fixed prompt (or a rando
 @click.option(
     "--compile/--no-compile",
     "compile_steps",
-    default=False,
-    show_default=True,
-    help="torch.compile the fast path's steps; compile time is reported apart from tok/s.",
+    default=None,
+    help="torch.compile the fast path's steps; compile time is reported apart from tok/s (default: off). "
+    "With --train: the layers region by region (default: `train --compile auto`).",
 )
 @click.option(
     "--path",
@@ -163,11 +163,11 @@ def bench(
     tok/s and the range over the repeats, and a warning when they spread widely.
     """
 
-    train = bench_train.pop(kw)  # --train: one training step instead (commands/bench_train.py)
+    train = bench_train.pop(kw, compile_steps)  # --train: one training step instead (commands/bench_train.py)
     if train.train:
         extra = {"--prompts": prompts_file, "--raw": raw, "--limit": limit, "--devices": devices, "--path": paths,
                  "--prompt-tokens": prompt_tokens, "--max-new-tokens": new_tokens or new_tokens_alias,
-                 "--compile": compile_steps, "--fp8": fp8}  # fmt: skip
+                 "--fp8": fp8}  # fmt: skip
         return bench_train.run(train, shape, entry or target or draft, device, dtype, kw, extra, out, as_json)
 
     from dflash_zoo.api import parse_dtype, resolve_devices
@@ -215,7 +215,7 @@ def bench(
     where = devices or device
     quiet_loading()  # transformers' own loading bar: the line below says what is built
     info(f"building {'shape ' + shape if shape else entry or target or 'the demo pair'} on {where} ...")
-    opts = B.BenchOptions(paths=tuple(paths) or ("fast",), compile=compile_steps, **kw)
+    opts = B.BenchOptions(paths=tuple(paths) or ("fast",), compile=bool(compile_steps), **kw)
     if shape:
         sub = B.random_subject(shape, device, torch_dtype, opts, split)
     else:

@@ -64,15 +64,18 @@ def train_options(fn):
 class TrainArgs:
     train: bool
     attention: str
+    compile_step: str
     seq_len: int
     anchors_per_seq: int
     batch_size: int
     draft_layers: int | None
+    compile_step: str  # regional compilation: bench's --compile / --no-compile, else auto
 
 
-def pop(kw: dict[str, Any]) -> TrainArgs:
-    """The training-step options, removed from `kw`."""
-    return TrainArgs(**{k: kw.pop(k) for k in TRAIN_KEYS})
+def pop(kw: dict[str, Any], compile_steps: bool | None) -> TrainArgs:
+    """The training-step options, removed from `kw`; `compile_steps` is bench's --compile (None: not given)."""
+    compiled = {None: "auto", True: "on", False: "off"}[compile_steps]
+    return TrainArgs(**{k: kw.pop(k) for k in TRAIN_KEYS}, compile_step=compiled)
 
 
 def _check(
@@ -114,7 +117,7 @@ def run(
     opts = TrainBenchOptions(
         seq_len=args.seq_len, anchors=args.anchors_per_seq, batch_size=args.batch_size,
         draft_layers=args.draft_layers, block_size=kw.get("block_size"), attention=args.attention,
-        warmup=max(1, kw.get("warmup", 1)), steps=kw.get("repeats", 3), seed=kw.get("seed", 0),
+        compile=args.compile_step, warmup=max(1, kw.get("warmup", 1)), steps=kw.get("repeats", 3), seed=kw.get("seed", 0),
     )  # fmt: skip
     info(f"building shape {shape} on {device} for a training step ...")
     record = run_train_bench(shape, device, parse_dtype(dtype, device), opts, ["dflash-zoo", *sys.argv[1:]])

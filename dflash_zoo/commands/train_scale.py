@@ -19,6 +19,9 @@ def scale_options(fn):
         click.option("--attention", type=click.Choice(["auto", "dense", "flex"]), default="auto", show_default=True,
                      help="Drafter attention in training: flex (block-sparse, CUDA) or dense (the reference); "
                      "auto: flex on CUDA."),
+        click.option("--compile", "compile_step", type=click.Choice(["auto", "on", "off"]), default="auto",
+                     show_default=True, help="torch.compile the target's and drafter's layers region by region "
+                     "(fused norms and activations; docs/training.md, 'Speed'). auto: off until verified on CUDA."),
         click.option("--cache-features", "cache_features", is_flag=False, flag_value=MEMORY, default=None,
                      metavar="[DIR]", help="Compute the target's features once: into DIR (kept across epochs and "
                      "runs, crash-safe), or without DIR in device memory."),
@@ -84,7 +87,7 @@ def cache_dir(p: dict) -> str | None:
 
 def config_values(p: dict) -> dict[str, Any]:
     """`TrainConfig` fields these options set."""
-    return {"cache_features": p["cache_features"] == MEMORY, "cache_dir": cache_dir(p),
+    return {"cache_features": p["cache_features"] == MEMORY, "cache_dir": cache_dir(p), "compile": p["compile_step"],
             "cache_shard_bytes": max(1, int(p["cache_shard_mb"] * 1e6))}  # fmt: skip
 
 

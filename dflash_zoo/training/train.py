@@ -80,6 +80,7 @@ class TrainConfig:
     max_length: int = 3072  # of the tokenised examples (part of the feature cache's key)
     data: str | None = None  # the data file (its hash is part of the feature cache's key)
     attention: str = "auto"  # drafter attention: auto (flex on CUDA), dense (the reference) or flex
+    compile: str = "auto"  # regional torch.compile of the step (`regions.py`): auto (CUDA), on or off
     no_target_features: bool = False
     uniform_blocks: bool = False
     uniform_loss_weights: bool = False
@@ -297,7 +298,10 @@ def train(
         _announce_checkpoints(cfg, drafter, root)
     if cfg.cache_dir and not cfg.no_target_features and step < tr.total:
         tr.use_disk_cache(Path(cfg.cache_dir), cfg.cache_shard_bytes)
-    run = _run(cfg, tr, step, root)
+    try:
+        run = _run(cfg, tr, step, root)
+    finally:
+        tr.release()
     if tr.rank == 0:
         unsaved = run.last_saved != run.steps and (state is None or run.steps != int(state["step"]))
         if cfg.keep_checkpoints and unsaved:

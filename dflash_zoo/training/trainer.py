@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from dflash_zoo.errors import InvalidArgumentError
-from dflash_zoo.training import distributed
+from dflash_zoo.errors import InvalidArgumentError, ZooError
+from dflash_zoo.training import distributed, regions
 from dflash_zoo.training.attention import resolve_kind
 from dflash_zoo.training.blocks import (
     LossOut,
@@ -98,6 +98,12 @@ class Trainer:
         self.weights = loss_weights(self.dcfg.block_size, cfg.loss_decay_gamma, cfg.uniform_loss_weights)
         self.gen = torch.Generator().manual_seed(cfg.seed + self.rank)
         self.sharded = distributed.is_sharded(model)
+        self.regions = None  # the compiled regions (`regions.py`) until `release`
+        if regions.resolve(cfg.compile, self.device, self.sharded):
+            taps = self.dcfg.target_layer_ids
+            self.regions = regions.Regions(
+                [*regions.target_regions(self.adapter, taps), *regions.drafter_regions(drafter)]
+            )
         if self.sharded and cfg.cache_features:  # ranks would skip different forwards of a collective model
             raise InvalidArgumentError(
                 "features cannot be kept in memory with a sharded target", hint="pass --cache-features DIR"
@@ -181,13 +187,26 @@ class Trainer:
             for ex in exs
         ]
         marks("start")
-        feats = self.features(idx)
-        marks("features")
-        loss, tau = self.forward_backward(idx, feats, anchors)
+        try:
+            feats = self.features(idx)
+            marks("features")
+            loss, tau = self.forward_backward(idx, feats, anchors)
+        except Exception as exc:
+            if self.regions is None or not regions.compile_error(exc):
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise ZooError(f"torch.compile failed on the training step: {type(exc).__name__}: {first}",
+                           hint="train with --compile off (the step then runs eager)") from exc  # fmt: skip
         marks("drafter")
         self.optimizer_step(progress)
         marks("optimizer")
         return StepStats(loss, tau, sum(len(ex.ids) for ex in exs))
+
+    def release(self) -> None:
+        """Compiled regions back to eager (the target and drafter outlive the run)."""
+        if self.regions is not None:
+            self.regions.release()
+            self.regions = None
 
     @property
     def feature_width(self) -> int:
