@@ -64,7 +64,6 @@ def train_options(fn):
 class TrainArgs:
     train: bool
     attention: str
-    compile_step: str
     seq_len: int
     anchors_per_seq: int
     batch_size: int

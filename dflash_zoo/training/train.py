@@ -80,7 +80,7 @@ class TrainConfig:
     max_length: int = 3072  # of the tokenised examples (part of the feature cache's key)
     data: str | None = None  # the data file (its hash is part of the feature cache's key)
     attention: str = "auto"  # drafter attention: auto (flex on CUDA), dense (the reference) or flex
-    compile: str = "auto"  # regional torch.compile of the step (`regions.py`): auto (CUDA), on or off
+    compile: str = "auto"  # regional torch.compile of the step (`regions.py`): auto, on or off
     no_target_features: bool = False
     uniform_blocks: bool = False
     uniform_loss_weights: bool = False
