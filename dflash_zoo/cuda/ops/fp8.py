@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_zoo.cuda.ops.gemv import ACT_OPS
-from dflash_zoo.cuda.ops.runtime import available, graph_ms, pow2, sms, tunes
+from dflash_zoo.cuda.ops.runtime import available, graph_ms, pow2, split_k, tunes
 
 log = logging.getLogger("dflash_zoo")
 
@@ -148,14 +148,6 @@ def reference(
 
 
 # ---- launches -----------------------------------------------------------------------------------------------
-def _split(n: int, k: int, per_block: int, bk: int, per_sm: int, x) -> tuple[int, int, int]:
-    """(output blocks, K slices, K per slice): ~per_sm programs per SM, whole BK steps per slice."""
-    out_blocks = -(-n // per_block)
-    splits = max(1, min(-(-k // bk), -(-per_sm * sms(x) // out_blocks)))
-    k_split = bk * -(-k // (splits * bk))
-    return out_blocks, -(-k // k_split), k_split
-
-
 def w8a8_of(config: tuple) -> bool:
     """Whether a config of 2+ rows multiplies quantized activations (the flag rides in it: `_configs`)."""
     return len(config) > 6 and bool(config[6])
@@ -174,7 +166,7 @@ def _parts(x, weight, scales, gate, config, act: int, in_parts: bool, dtype, bia
 def _gemv_parts(x, weight, scales, g, config, act: int, in_parts: bool, dtype) -> torch.Tensor:
     """One row: the split-K GEMV's fp32 partial sums [slices, 1, N]."""
     (n, k), (bn, bk, per_sm, warps, prefetch) = weight.shape, config
-    out_blocks, splits, k_split = _split(n, k, bn, bk, per_sm, x)
+    out_blocks, splits, k_split = split_k(n, k, bn, bk, per_sm, x)
     part = torch.empty(splits, 1, n, device=x.device, dtype=torch.float32)
     in_splits, in_plane = (x.shape[0], x.stride(0)) if in_parts else (1, 0)
     _kernels()[0][(out_blocks, splits)](
@@ -191,7 +183,7 @@ def _gemm(x, weight, scales, g, config, act: int, dtype, bias, direct: bool) -> 
     rows = x.numel() // k
     x2, g2 = x.reshape(rows, k), g.reshape(rows, k)  # views: rows may be strided (halves of gate/up)
     if per_sm:
-        out_blocks, splits, k_split = _split(n, k, bn, bk, per_sm, x)
+        out_blocks, splits, k_split = split_k(n, k, bn, bk, per_sm, x)
     else:
         out_blocks, splits, k_split = -(-n // bn), 1, bk * -(-k // bk)
     direct = direct and splits == 1

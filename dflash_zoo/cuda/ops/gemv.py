@@ -25,7 +25,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from dflash_zoo.cuda.ops.runtime import graph_ms, pow2, sms, tunes
+from dflash_zoo.cuda.ops.runtime import graph_ms, pow2, split_k, tunes
 
 log = logging.getLogger("dflash_zoo")
 
@@ -77,14 +77,6 @@ CUBLAS_MARGIN = 0.05
 _tuned: dict[tuple, tuple[int, ...] | None] = {}
 
 
-def _split(n: int, k: int, rows_per_block: int, bk: int, per_sm: int, x) -> tuple[int, int, int]:
-    """(output blocks, K slices, K per slice): ~per_sm programs per SM, whole BK steps per slice."""
-    blocks = -(-n // rows_per_block)
-    splits = max(1, min(-(-k // bk), -(-per_sm * sms(x) // blocks)))
-    k_split = bk * -(-k // (splits * bk))
-    return blocks, -(-k // k_split), k_split
-
-
 def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False, scale=None, act: int = 1,
                 in_parts: bool = False) -> torch.Tensor:  # fmt: skip
     """fp32 partial sums [splits, rows, N] of x [..., K] (rows = all leading sizes, at most ROWS) times weight
@@ -95,7 +87,7 @@ def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False, scale=
     n, k = weight.shape
     rows = 1 if in_parts else x.numel() // x.shape[-1]
     bn, bk, per_sm, warps = config[:4]
-    blocks, splits, k_split = _split(n, k, bn, bk, per_sm, x)
+    blocks, splits, k_split = split_k(n, k, bn, bk, per_sm, x)
     g = gate if gate is not None else x
     if rows == 1:
         part = torch.empty(splits, 1, n, device=x.device, dtype=torch.float32)

@@ -51,6 +51,15 @@ def sms(t: torch.Tensor) -> int:
     return _sms_of(t.device.index or 0) if t.is_cuda else 8
 
 
+def split_k(n: int, k: int, per_block: int, bk: int, per_sm: int, x: torch.Tensor) -> tuple[int, int, int]:
+    """A split-K launch of n outputs over K: (output blocks, K slices, K per slice) for ~per_sm programs per SM
+    on x's device, whole BK steps per slice."""
+    out_blocks = -(-n // per_block)
+    splits = max(1, min(-(-k // bk), -(-per_sm * sms(x) // out_blocks)))
+    k_split = bk * -(-k // (splits * bk))
+    return out_blocks, -(-k // k_split), k_split
+
+
 def tunes(x: torch.Tensor, tune: bool = True) -> bool:
     """Whether the kernels' configs are timed for a tensor like `x`: with `tune` (`FastOptions.tune`), on CUDA,
     outside a graph capture (steps are warmed before capture). Without `tune` each kernel takes its first config
