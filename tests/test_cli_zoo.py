@@ -78,7 +78,11 @@ def test_list_human(tmp_path):
 def test_ls_pattern_and_quiet():
     assert run("ls", "qwen3.5*", "-q").stdout.split() == [e.slug for e in load_registry().match("qwen3.5*")]
     assert run("list", "-q").stdout.split() == [e.slug for e in load_registry()]
-    assert run("list", "GOOGLE/*", "-q").stdout.split() == ["gemma4-31b-it", "gemma4-26b-a4b-it"]
+    assert run("list", "GOOGLE/*", "-q").stdout.split() == [
+        "gemma4-31b-it",
+        "gemma4-26b-a4b-it",
+        "gemma4-12b-it",
+    ]
 
 
 def test_list_json(tmp_path):

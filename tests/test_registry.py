@@ -22,7 +22,7 @@ PUBLISHED = (
     "qwen3-4b qwen3-8b llama3.1-8b-instruct qwen3-coder-30b-a3b qwen3-coder-next gpt-oss-20b gpt-oss-120b "
     "qwen3.5-4b qwen3.5-9b qwen3.5-27b qwen3.5-35b-a3b qwen3.5-122b-a10b qwen3.6-27b qwen3.6-35b-a3b "
     "kimi-k2.5 minimax-m2.5 gemma4-31b-it gemma4-26b-a4b-it qwen3.5-397b-a17b qwen3.8-27b muse-glimmer-30b "
-    "kimi-k2.6 minimax-m2.7 glm-5.1-fp8 glm-5.3"
+    "kimi-k2.6 minimax-m2.7 glm-5.1-fp8 glm-5.3 gemma4-12b-it kimi-k2.7-code"
 ).split()
 # taps that do not follow the default rule (docs/method.md §2)
 EXPLICIT_TAPS = {"qwen3-coder-next", "qwen3.8-27b"}
@@ -229,6 +229,7 @@ def test_by_fingerprint(registry):
     assert [e.slug for e in registry.by_fingerprint("kimi_k25", 7168, 61, 163840)] == [
         "kimi-k2.5",
         "kimi-k2.6",
+        "kimi-k2.7-code",
     ]
     assert registry.by_fingerprint("qwen3", 4096, 32, 151936) == []
 
@@ -236,7 +237,11 @@ def test_by_fingerprint(registry):
 def test_match_glob(registry):
     assert [e.slug for e in registry.match("qwen3.5*")][:2] == ["qwen3.5-4b", "qwen3.5-9b"]
     assert len(registry.match("qwen3.5*")) == 6
-    assert [e.slug for e in registry.match("GOOGLE/*")] == ["gemma4-31b-it", "gemma4-26b-a4b-it"]
+    assert [e.slug for e in registry.match("GOOGLE/*")] == [
+        "gemma4-31b-it",
+        "gemma4-26b-a4b-it",
+        "gemma4-12b-it",
+    ]
     assert registry.match("qwen3") == []  # a glob, not a substring
     assert len(registry.match(None)) == len(registry)
 
@@ -319,7 +324,7 @@ def test_revisions_are_main_or_pinned_and_say_so(registry):
 def test_big_targets_carry_tensor_parallel_hints(registry):
     hinted = {e.slug for e in registry if e.tp_hint > 1}
     assert hinted == {"kimi-k2.5", "qwen3.5-122b-a10b", "minimax-m2.5", "qwen3-coder-next", "qwen3.5-397b-a17b",
-                      "kimi-k2.6", "minimax-m2.7", "glm-5.1-fp8", "glm-5.3"}  # fmt: skip
+                      "kimi-k2.6", "minimax-m2.7", "glm-5.1-fp8", "glm-5.3", "kimi-k2.7-code"}  # fmt: skip
     for e in registry:  # a parameter count is known, or the entry says it is not
         assert e.target_params_b or "parameter count" in e.notes, e.slug
     assert registry.resolve("minimax-m2.5").shape_from == "MiniMaxAI/MiniMax-M2"
@@ -333,7 +338,7 @@ def test_draft_licence_is_the_drafter_cards_and_sourced(registry):
     docs = (Path(__file__).parents[1] / "docs" / "families.md").read_text()
     known = {e.slug: e.draft_license for e in registry if e.draft_license is not None}
     assert known == {"qwen3-coder-next": "mit", "qwen3.8-27b": "apache-2.0", "kimi-k2.6": "mit",
-                     "glm-5.3": "cc-by-nc-nd-4.0"}  # fmt: skip
+                     "glm-5.3": "cc-by-nc-nd-4.0", "kimi-k2.7-code": "nvidia-open-model-license"}  # fmt: skip
     for slug in known:
         assert registry.resolve(slug).draft_repo in docs
 
