@@ -7,10 +7,12 @@ fp32. `quantize` writes it as transformers' quantizer does; `dequantize` and `re
 the kernels are tested against.
 
 `linear` reads the FP8 weight itself (half a bf16 weight's bytes, the whole point: decoding is memory-bound):
-- one row: a split-K GEMV (as gemv.py's) scaling each e4m3 tile as it multiplies it; `linear_parts` stops
+- one row: gemv.py's split-K GEMV (`BLOCKS`), each input column times its block's scale; `linear_parts` stops
   before the sum (the next residual add sums the slices); `in_parts` takes a gate/up GEMV's sums as input;
 - more rows (a verify or draft block, a prefill): a tensor-core kernel multiplying x by the e4m3 tile (exact
-  in 16 bits), each block's product scaled as it is added: weight-only, exact up to the sums' rounding.
+  in 16 bits; for bf16 on CUDA converted with bit operations, `fp8_kernels.e4m3_bf16`, rather than conversion
+  instructions, once `BITS_CUDA_VERIFIED`), each block's product scaled as it is added: weight-only, exact up
+  to the sums' rounding.
   `w8a8` quantizes the rows per 128 columns instead (amax / 448, as transformers' FP8 kernel does) and
   multiplies on Hopper's FP8 tensor cores: not exact, an option (`FastOptions.fp8`).
 Configs are timed per shape on CUDA (`runtime.graph_ms`, outside graph capture), else the first is taken.
@@ -36,14 +38,18 @@ BLOCK = 128  # rows and columns of a scale block
 QMAX = 448.0  # e4m3's largest finite value
 CAPABILITY = (9, 0)  # Hopper: where the kernels were built for (and FP8 tensor cores exist)
 ROWS = 16  # up to this many rows a step's projections split K over the SMs; more rows (prefill) tile M
+# the tensor-core kernel converts e4m3 to bf16 with bit operations (`fp8_kernels.e4m3_bf16`) once the GPU test
+# `test_bf16_tensor_core_kernel_reads_every_e4m3_value_exactly` has passed; until then with Triton's cast
+BITS_CUDA_VERIFIED = False
 
-# one row: (rows per program, K per iteration, programs per SM, warps, prefetch); BK divides BLOCK. The first of
+# one row: (rows per program, K per iteration, programs per SM, warps, prefetch); BN divides BLOCK (a tile's
+# rows share one row of scale blocks), BK divides it or spans blocks (each column loads its scale). The first of
 # each list runs untimed (`tune` off: the GPU tests; the CPU tests, whose interpreter is fastest on big tiles)
 GEMV_CONFIGS = [
     (bn, bk, per_sm, 4 if bn * bk <= 4096 else 8, prefetch)
     for prefetch in (1, 0)
     for bn in (64, 32, 16)
-    for bk in (128, 64)
+    for bk in (128, 256, 64)
     for per_sm in (4, 8, 2)
 ]
 # 2..ROWS rows: (BM, BN, BK, programs per SM, warps, stages); per_sm 1 at wide N gives few K slices, one at
@@ -59,9 +65,9 @@ _tuned: dict[tuple, tuple[int, ...]] = {}
 @functools.cache
 def _kernels():
     from dflash_zoo.cuda.ops import fp8_kernels as k  # triton on first use only
-    from dflash_zoo.cuda.ops import gemv_kernels
+    from dflash_zoo.cuda.ops import gemv_kernels as g
 
-    return k.fp8_gemv_part, k.fp8_gemm, gemv_kernels.gemv_sum, k.TL_DTYPES
+    return g.gemv_part, k.fp8_gemm, g.gemv_sum, g.TL_DTYPES
 
 
 def device_reason(device: torch.device, capability: tuple[int, int] | None = None) -> str | None:
@@ -170,8 +176,9 @@ def _gemv_parts(x, weight, scales, g, config, act: int, in_parts: bool, dtype) -
     part = torch.empty(splits, 1, n, device=x.device, dtype=torch.float32)
     in_splits, in_plane = (x.shape[0], x.stride(0)) if in_parts else (1, 0)
     _kernels()[0][(out_blocks, splits)](
-        weight, scales, x, g, part, n, k, k_split, scales.stride(0), in_splits, in_plane, DT=_kernels()[3][dtype],
-        BN=bn, BK=bk, ACT=act, PREFETCH=bool(prefetch), IN_PARTS=in_parts, num_warps=warps,
+        weight, scales, x, g, x, part, n, k, k_split, scales.stride(0), in_splits, in_plane, DT=_kernels()[3][dtype],
+        BN=bn, BK=bk, ACT=act, SCALE=False, BLOCKS=True, PREFETCH=bool(prefetch), IN_PARTS=in_parts,
+        num_warps=warps,
     )  # fmt: skip
     return part
 
@@ -192,7 +199,9 @@ def _gemm(x, weight, scales, g, config, act: int, dtype, bias, direct: bool) -> 
     _kernels()[1][(-(-rows // bm), out_blocks, splits)](
         weight, scales, x2, g2, out, bias if bias is not None else out, rows, n, k, k_split, x2.stride(0),
         g2.stride(0), scales.stride(0), BM=bm, BN=bn, BK=bk, ACT=act, DIRECT=direct, BIAS=bias is not None,
-        IEEE=dtype == torch.float32, W8A8=w8a8_of(config), num_warps=warps, num_stages=stages,
+        IEEE=dtype == torch.float32, W8A8=w8a8_of(config),
+        BITS=BITS_CUDA_VERIFIED and x.is_cuda and dtype == torch.bfloat16,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
 

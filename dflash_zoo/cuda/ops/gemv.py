@@ -42,7 +42,7 @@ ACT_NAMES = {0: "", 1: "+silu", 3: "+gelu"}
 def _kernels():
     from dflash_zoo.cuda.ops import gemv_kernels as k  # triton on first use only
 
-    return k.gemv_part, k.gemv_sum, k.gemm_part
+    return k.gemv_part, k.gemv_sum, k.gemm_part, k.TL_DTYPES
 
 
 # (rows per program, K per iteration, programs per SM, warps, prefetch): the candidates `_gemv_config` times per
@@ -93,8 +93,9 @@ def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False, scale=
         part = torch.empty(splits, 1, n, device=x.device, dtype=torch.float32)
         in_splits, in_plane = (x.shape[0], x.stride(0)) if in_parts else (1, 0)
         _kernels()[0][(blocks, splits)](
-            weight, x, g, scale if scale is not None else x, part, n, k, k_split, in_splits, in_plane, BN=bn, BK=bk,
-            ACT=act, SCALE=scale is not None, PREFETCH=bool(config[4]), IN_PARTS=in_parts, num_warps=warps,
+            weight, x, x, g, scale if scale is not None else x, part, n, k, k_split, 0, in_splits, in_plane,
+            DT=_kernels()[3][weight.dtype], BN=bn, BK=bk, ACT=act, SCALE=scale is not None, BLOCKS=False,
+            PREFETCH=bool(config[4]), IN_PARTS=in_parts, num_warps=warps,
         )  # fmt: skip
         return part
     if scale is not None:

@@ -1,10 +1,14 @@
-"""The Triton kernels of gemv.py (imported on first use, so that importing gemv.py needs no triton), and the
-gated activations they and the expert kernels (moe_kernels.py) compute."""
+"""The Triton kernels of gemv.py (imported on first use, so that importing gemv.py needs no triton), the
+gated activations they and the expert kernels (moe_kernels.py) compute, and the one-row GEMV that fp8.py runs
+too (`BLOCKS`: an FP8 weight and its block scales)."""
 
+import torch
 import triton
 import triton.language as tl
 
 from dflash_zoo.cuda.ops.fused_kernels import slices_sum
+
+TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
 @triton.jit
@@ -35,15 +39,32 @@ def gemv_input(X, Gate, cols, cok, in_splits, in_plane, dtype, ACT: tl.constexpr
 
 
 @triton.jit
-def gemv_part(W, X, Gate, Scale, Part, n_out, k_in, k_split, in_splits, in_plane, BN: tl.constexpr,
-              BK: tl.constexpr, ACT: tl.constexpr, SCALE: tl.constexpr, PREFETCH: tl.constexpr,
-              IN_PARTS: tl.constexpr):  # fmt: skip
-    """Rows [BN] of W x over one K slice -> their fp32 partial sums. PREFETCH: each iteration issues the next
-    weight tile's load before it multiplies the current one, so two tiles are in flight per program."""
+def scaled_input(X, Gate, s_row, k0, cols, cok, k_in, in_splits, in_plane, DT: tl.constexpr, BK: tl.constexpr,
+                 ACT: tl.constexpr, IN_PARTS: tl.constexpr, BLOCKS: tl.constexpr):  # fmt: skip
+    """`gemv_input` at `cols` (BK from k0); with BLOCKS (an FP8 weight) each column times its 128 x 128 block's
+    scale, so the e4m3 weights multiply it as they are."""
+    x = gemv_input(X, Gate, cols, cok, in_splits, in_plane, DT, ACT, IN_PARTS)
+    if BLOCKS:
+        if BK <= 128:  # BK divides 128: one block, one scalar load
+            x *= tl.load(s_row + tl.minimum(k0, k_in - 1) // 128)
+        else:
+            x *= tl.load(s_row + tl.minimum(cols, k_in - 1) // 128)  # [BK]
+    return x
+
+
+@triton.jit
+def gemv_part(W, S, X, Gate, Scale, Part, n_out, k_in, k_split, s_stride, in_splits, in_plane,
+              DT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ACT: tl.constexpr, SCALE: tl.constexpr,
+              BLOCKS: tl.constexpr, PREFETCH: tl.constexpr, IN_PARTS: tl.constexpr):  # fmt: skip
+    """Rows [BN] of W x over one K slice -> their fp32 partial sums. DT: the activations' dtype (a gated or
+    summed input's rounding). BLOCKS: W is float8_e4m3fn with fp32 scales S per 128 x 128 block (rows
+    `s_stride` apart; BN divides 128). PREFETCH: each iteration issues the next weight tile's load before it
+    multiplies the current one, so two tiles are in flight per program."""
     pn, ps = tl.program_id(0), tl.program_id(1)  # output rows, K slice
     rows = pn * BN + tl.arange(0, BN)
     rok = rows < n_out
     w_rows = W + rows[:, None] * k_in
+    s_row = S + (pn * BN // 128) * s_stride  # the tile's row of scale blocks (BLOCKS)
     k_lo, k_hi = ps * k_split, ps * k_split + k_split
     acc = tl.zeros([BN, BK], tl.float32)
     if PREFETCH:
@@ -54,7 +75,8 @@ def gemv_part(W, X, Gate, Scale, Part, n_out, k_in, k_split, in_splits, in_plane
             nxt = cols + BK
             w_next = tl.load(w_rows + nxt[None, :], mask=rok[:, None] & ((nxt < k_in) & (nxt < k_hi))[None, :],
                              other=0.0)  # fmt: skip
-            x = gemv_input(X, Gate, cols, cols < k_in, in_splits, in_plane, W.dtype.element_ty, ACT, IN_PARTS)
+            x = scaled_input(X, Gate, s_row, k0, cols, cols < k_in, k_in, in_splits, in_plane, DT, BK, ACT,
+                             IN_PARTS, BLOCKS)  # fmt: skip
             acc += w.to(tl.float32) * x[None, :]
             w = w_next
     else:
@@ -62,7 +84,8 @@ def gemv_part(W, X, Gate, Scale, Part, n_out, k_in, k_split, in_splits, in_plane
             cols = k0 + tl.arange(0, BK)
             cok = cols < k_in
             w = tl.load(w_rows + cols[None, :], mask=rok[:, None] & cok[None, :], other=0.0)
-            x = gemv_input(X, Gate, cols, cok, in_splits, in_plane, W.dtype.element_ty, ACT, IN_PARTS)
+            x = scaled_input(X, Gate, s_row, k0, cols, cok, k_in, in_splits, in_plane, DT, BK, ACT, IN_PARTS,
+                             BLOCKS)  # fmt: skip
             acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, 1)
     if SCALE:  # times sigmoid(logit), rounded to the dtype as torch's sigmoid (a shared expert's gate)
