@@ -111,6 +111,10 @@ def _read_until(stream, pattern: re.Pattern, deadline: float) -> str:
     return seen.decode(errors="replace")
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow  # a subprocess that loads torch and a pair: 15-25 s on a busy 2-core machine
 def test_ctrl_c_reports_the_partial_answer(pair):
     """SIGINT while an answer streams: the answer stops, its stats are the real partial numbers, chat goes on."""
@@ -118,9 +122,12 @@ def test_ctrl_c_reports_the_partial_answer(pair):
     # one torch thread: on a 2-core machine the chat must not starve this process of the CPU it needs to
     # read the stream and send the signal before the whole answer is written
     env = os.environ | {"OMP_NUM_THREADS": "1"}
+    # SIGINT at its default in the child, so that its Python raises KeyboardInterrupt even where this suite
+    # runs in the background of a non-interactive shell (which starts it, and so the child, ignoring SIGINT)
     proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
-    )
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        preexec_fn=_default_sigint,
+    )  # fmt: skip
     try:
         proc.stdin.write(b"x\n")
         proc.stdin.flush()
