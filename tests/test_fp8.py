@@ -550,8 +550,8 @@ def test_fp8_kernels_bf16_on_cuda(rows):
 def test_bf16_tensor_core_kernel_reads_every_e4m3_value_exactly(monkeypatch):
     """The bit-operation e4m3 -> bf16 conversion of the tensor-core kernel (`fp8_kernels.e4m3_bf16`): one-hot
     rows pick the weight's columns, which hold every finite e4m3 byte (subnormals and both zeros included),
-    so each output is one weight times 1: equal to torch's own cast, bit for bit, for every config. Once this
-    passes on a GPU, `fp8.BITS_CUDA_VERIFIED` makes the conversion the kernel's default there."""
+    so each output is one weight times 1: equal to torch's own cast, bit for bit, for every config. Passed on
+    one H100, so `fp8.BITS_CUDA_VERIFIED` makes the conversion the kernel's default on CUDA."""
     if torch.cuda.get_device_capability() < fp8_ops.CAPABILITY:
         pytest.skip("needs a Hopper GPU")
     monkeypatch.setattr(fp8_ops, "BITS_CUDA_VERIFIED", True)
@@ -571,14 +571,12 @@ def test_bf16_tensor_core_kernel_reads_every_e4m3_value_exactly(monkeypatch):
 @pytest.mark.gpu
 @CUDA
 @pytest.mark.xfail(
-    reason="w8a8 kernels: 5% of outputs outside tolerance on one H100 before their sums were promoted every 32 "
-    "columns, not yet rerun (kernel_choice.W8A8_WARNING)"
+    reason="w8a8 kernels: 5% of outputs outside tolerance on one H100, also with the FP8 MMA's sums promoted "
+    "to fp32 every 32 columns (kernel_choice.W8A8_WARNING)"
 )
 @pytest.mark.parametrize("rows", [5, 16, 100])
 def test_fp8_w8a8_kernels_on_cuda(rows):
-    """w8a8 on random inputs against its own reference (the hardware cast rounds to nearest even). Hopper's
-    FP8 MMA adds in fewer bits than fp32: without promoting its sums every 32 columns, 5% of these outputs fell
-    outside the tolerance on one H100."""
+    """w8a8 on random inputs against its own reference (the hardware cast rounds to nearest even)."""
     if torch.cuda.get_device_capability() < fp8_ops.CAPABILITY:
         pytest.skip("needs a Hopper GPU")
     gen = torch.Generator(device="cuda").manual_seed(rows)

@@ -11,8 +11,7 @@ the kernels are tested against.
   before the sum (the next residual add sums the slices); `in_parts` takes a gate/up GEMV's sums as input;
 - more rows (a verify or draft block, a prefill): a tensor-core kernel multiplying x by the e4m3 tile (exact
   in 16 bits; for bf16 on CUDA converted with bit operations, `fp8_kernels.e4m3_bf16`, rather than conversion
-  instructions, once `BITS_CUDA_VERIFIED`), each block's product scaled as it is added: weight-only, exact up
-  to the sums' rounding.
+  instructions), each block's product scaled as it is added: weight-only, exact up to the sums' rounding.
   `w8a8` quantizes the rows per 128 columns instead (amax / 448, as transformers' FP8 kernel does) and
   multiplies on Hopper's FP8 tensor cores: not exact, an option (`FastOptions.fp8`).
 Configs are timed per shape on CUDA (`runtime.graph_ms`, outside graph capture), else the first is taken.
@@ -38,9 +37,10 @@ BLOCK = 128  # rows and columns of a scale block
 QMAX = 448.0  # e4m3's largest finite value
 CAPABILITY = (9, 0)  # Hopper: where the kernels were built for (and FP8 tensor cores exist)
 ROWS = 16  # up to this many rows a step's projections split K over the SMs; more rows (prefill) tile M
-# the tensor-core kernel converts e4m3 to bf16 with bit operations (`fp8_kernels.e4m3_bf16`) once the GPU test
-# `test_bf16_tensor_core_kernel_reads_every_e4m3_value_exactly` has passed; until then with Triton's cast
-BITS_CUDA_VERIFIED = False
+# the tensor-core kernel converts e4m3 to bf16 with bit operations (`fp8_kernels.e4m3_bf16`) where the GPU test
+# `test_bf16_tensor_core_kernel_reads_every_e4m3_value_exactly` has passed (one H100, torch 2.11, triton 3.6);
+# False: Triton's cast
+BITS_CUDA_VERIFIED = True
 
 # one row: (rows per program, K per iteration, programs per SM, warps, prefetch); BN divides BLOCK (a tile's
 # rows share one row of scale blocks), BK divides it or spans blocks (each column loads its scale). The first of

@@ -53,9 +53,8 @@ def fp8_gemm(W, S, X, Gate, Out, Bias, n_rows, n_out, k_in, k_split, x_stride, g
     """Rows [BM] x columns [BN] of x [rows, K] @ dequant(W)^T over one slice of K, on the tensor cores. Each
     tile's product is scaled by its block's scales as it is added: x (16-bit) times the e4m3 weight exactly
     in the activations' type, or with W8A8 (BK 128) x quantized per row and 128-column group to e4m3 (amax /
-    448) and multiplied on the FP8 tensor cores, each 32 columns' products added in fp32. DIRECT (one
-    slice): the output, plus bias, in x's dtype; else fp32 partial sums [slices, rows, N]. BITS: bf16 x, the
-    weight converted by `e4m3_bf16` (CUDA)."""
+    448) and multiplied on the FP8 tensor cores. DIRECT (one slice): the output, plus bias, in x's dtype;
+    else fp32 partial sums [slices, rows, N]. BITS: bf16 x, the weight converted by `e4m3_bf16` (CUDA)."""
     pm, pn, ps = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # rows, output columns, K slice
     r = pm * BM + tl.arange(0, BM)
     n = pn * BN + tl.arange(0, BN)
@@ -77,8 +76,7 @@ def fp8_gemm(W, S, X, Gate, Out, Bias, n_rows, n_out, k_in, k_split, x_stride, g
             # IEEE divisions (`/` is approximate on CUDA): the scales and values torch's reference computes
             xs = tl.div_rn(tl.maximum(tl.max(tl.abs(xf), 1), 1e-30), QMAX)  # [BM]
             xq = tl.clamp(tl.div_rn(xf, xs[:, None]), -QMAX, QMAX).to(tl.float8e4nv)
-            # Hopper's FP8 MMA adds products in fewer bits than fp32: promote its sums every 32 columns
-            acc += tl.dot(xq, tl.trans(w), max_num_imprecise_acc=32) * (xs * s)[:, None]
+            acc += tl.dot(xq, tl.trans(w)) * (xs * s)[:, None]
         elif BITS:
             acc += tl.dot(x, tl.trans(e4m3_bf16(w))) * s
         elif IEEE:  # fp32 activations: exact products, not TF32
