@@ -22,10 +22,10 @@ PUBLISHED = (
     "qwen3-4b qwen3-8b llama3.1-8b-instruct qwen3-coder-30b-a3b qwen3-coder-next gpt-oss-20b gpt-oss-120b "
     "qwen3.5-4b qwen3.5-9b qwen3.5-27b qwen3.5-35b-a3b qwen3.5-122b-a10b qwen3.6-27b qwen3.6-35b-a3b "
     "kimi-k2.5 minimax-m2.5 gemma4-31b-it gemma4-26b-a4b-it qwen3.5-397b-a17b qwen3.8-27b muse-glimmer-30b "
-    "kimi-k2.6 minimax-m2.7 glm-5.1-fp8 glm-5.3 gemma4-12b-it kimi-k2.7-code"
+    "kimi-k2.6 minimax-m2.7 glm-5.1-fp8 glm-5.3 gemma4-12b-it kimi-k2.7-code laguna-s-2.1 laguna-xs-2.1"
 ).split()
 # taps that do not follow the default rule (docs/method.md §2)
-EXPLICIT_TAPS = {"qwen3-coder-next", "qwen3.8-27b"}
+EXPLICIT_TAPS = {"qwen3-coder-next", "qwen3.8-27b", "laguna-s-2.1"}
 FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 
 
@@ -312,7 +312,7 @@ def test_revisions_are_main_or_pinned_and_say_so(registry):
     """A revision is "main" (no commit known, and the entry says so) or a full commit (the entry says pinned)."""
     text = (Path(__file__).parents[1] / "registry.yaml").read_text()
     pinned = {e.slug for e in registry if e.draft_revision != "main"}
-    assert pinned == {"qwen3.8-27b", "muse-glimmer-30b", "kimi-k2.6", "minimax-m2.7"}
+    assert pinned == {"qwen3.8-27b", "muse-glimmer-30b", "kimi-k2.6", "minimax-m2.7", "laguna-s-2.1"}
     for e in registry:
         assert e.target_revision == "main"
         assert e.draft_revision == "main" or re.fullmatch(r"[0-9a-f]{40}", e.draft_revision), e.slug

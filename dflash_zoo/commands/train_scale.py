@@ -21,7 +21,7 @@ def scale_options(fn):
                      "auto: flex on CUDA."),
         click.option("--compile", "compile_step", type=click.Choice(["auto", "on", "off"]), default="auto",
                      show_default=True, help="torch.compile the target's and drafter's layers region by region "
-                     "(fused norms and activations; docs/training.md, 'Speed'). auto: off until verified on CUDA."),
+                     "(fused norms and activations; docs/training.md, 'Speed'). auto: on for an unsharded target on CUDA."),
         click.option("--cache-features", "cache_features", is_flag=False, flag_value=MEMORY, default=None,
                      metavar="[DIR]", help="Compute the target's features once: into DIR (kept across epochs and "
                      "runs, crash-safe), or without DIR in device memory."),

@@ -10,6 +10,9 @@ Architectures (docs/method.md, "Drafter architectures"):
   the block, reported as the variant "in-block causal".
 - `dflash2` (`DFlash2DraftModel`): DFlash 2, a grouped dynamic causal convolution around every sublayer and a
   candidate selector over the top-k drafter logits (drafters/dflash2.py).
+- `laguna_dflash` (`DFlashLagunaForCausalLM`): poolside's DFlash drafters for Laguna targets, DFlash layers with
+  a softplus gate on the attention output, one RMSNorm per tapped target layer before `fc`, and the context
+  through each layer's input norm (drafters/laguna_dflash.py).
 
 Anything else is refused by name: a drafter is never run as an architecture it is not.
 """
@@ -42,6 +45,7 @@ class ArchSpec:
     model: str  # "module:Class" of the nn.Module, imported lazily by `build`
     summary: str
     static_fast_path: bool  # the fast engine's static drafter runs it (else the eager engine does)
+    model_type: str = "qwen3"  # the `model_type` its config.json is written with
 
     def model_class(self) -> Any:
         module, _, cls = self.model.partition(":")
@@ -62,7 +66,17 @@ DFLASH2 = ArchSpec(
     summary="DFlash 2: DFlash layers in grouped dynamic causal convolutions, plus a candidate selector",
     static_fast_path=True,
 )
-ARCHS: dict[str, ArchSpec] = {a.name: a for a in (DFLASH, DFLASH2)}
+LAGUNA = ArchSpec(
+    name="laguna_dflash",
+    architectures=("DFlashLagunaForCausalLM",),
+    model="dflash_zoo.drafters.laguna_dflash:LagunaDrafter",
+    summary="Laguna DFlash: DFlash layers with gated attention output, per-tap norms, normed context",
+    static_fast_path=False,
+    model_type="laguna",
+)
+ARCHS: dict[str, ArchSpec] = {a.name: a for a in (DFLASH, DFLASH2, LAGUNA)}
+# the output gates a Laguna drafter's `gating` names (True is per-head, False none)
+GATES = ("per-head", "per-element")
 _BY_ARCHITECTURE = {arch: spec for spec in ARCHS.values() for arch in spec.architectures}
 
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
@@ -127,6 +141,22 @@ def dflash2_params(get: Any) -> DFlash2Params:
             raise DrafterFormatError(f"DFlash 2 config: {key} must be a positive integer, got {value!r}")
         values[key] = value
     return DFlash2Params(**values)
+
+
+def attention_gate(spec: ArchSpec, value: Any) -> str | None:
+    """A Laguna drafter's output gate from its `gating` key (absent or True: "per-head"; False or "disabled":
+    none); other architectures have none, and a `gating` they set is refused, not ignored."""
+    if spec is not LAGUNA:
+        if value not in (None, False, "disabled"):
+            raise DrafterFormatError(f"config sets gating {value!r}, which only DFlashLagunaForCausalLM has")
+        return None
+    if value is None or value is True:
+        return "per-head"
+    if value is False or value == "disabled":
+        return None
+    if value not in GATES:
+        raise DrafterFormatError(f"unknown gating {value!r}; Laguna drafters gate per-head or per-element")
+    return value
 
 
 def variant(spec: ArchSpec, causal: tuple[bool, ...], layer_types: tuple[str, ...]) -> str:

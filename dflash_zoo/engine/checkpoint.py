@@ -93,7 +93,7 @@ def load_drafter(
     split = weights.from_layout(cfg, tensors)
     with torch.device("meta"):
         model = draft_vocab.build(cfg)
-    state = _checked_state(model, split.state, directory, cfg)
+    state = _checked_state(model, type(model).state_from_checkpoint(cfg, split.state), directory, cfg)
     model.load_state_dict(state, assign=True)
     model.rotary_emb = type(model.rotary_emb)(cfg.rope, cfg.head_dim, cfg.max_position_embeddings)
     model.verifier_copies = verifier.record(split.copies, state.get("d2t"))
@@ -155,9 +155,10 @@ def draft_config_dict(cfg: DraftConfig) -> dict[str, Any]:
         rope.update(
             factor=cfg.rope.factor, original_max_position_embeddings=cfg.rope.original_max_position_embeddings
         )
+    spec = drafters.ARCHS[cfg.arch]
     raw.update(
-        architectures=list(drafters.ARCHS[cfg.arch].architectures),
-        model_type="qwen3",
+        architectures=list(spec.architectures),
+        model_type=spec.model_type,
         hidden_size=cfg.hidden_size,
         num_hidden_layers=cfg.num_hidden_layers,
         num_attention_heads=cfg.num_attention_heads,
@@ -190,6 +191,8 @@ def draft_config_dict(cfg: DraftConfig) -> dict[str, Any]:
             if getattr(cfg, key) is not None:
                 dcfg[key] = getattr(cfg, key)
     raw["dflash_config"] = dcfg
+    if spec is drafters.LAGUNA:
+        raw["gating"] = cfg.attention_gate or False
     raw.pop("auto_map", None)  # never point loaders at remote code
     return raw
 
@@ -201,7 +204,7 @@ def write_drafter_files(
     (directory / "config.json").write_text(json.dumps(draft_config_dict(model.cfg), indent=2) + "\n")
     for name, text in (extra_files or {}).items():
         (directory / name).write_text(text)
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.checkpoint_state().items()}
     save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt", OWNER_KEY: OWNER})
     outdir.normal_mode(directory / "model.safetensors")  # safetensors writes 0600
 

@@ -92,6 +92,7 @@ class DraftConfig:
     input_embedding_scale: float | None = None  # set: the block is embedded as raw table rows times this
     arch: str = "dflash"  # the architecture (dflash_zoo/drafters), from `architectures`
     dflash2: DFlash2Params | None = None  # DFlash 2's convolution and selector shapes
+    attention_gate: str | None = None  # Laguna drafters: "per-head" / "per-element" softplus output gate
     taps_from_default_rule: bool = False
     draft_vocab_size: int | None = None  # a reduced draft vocabulary, with its own head (formats/)
     layout: str = field(default="zlab", compare=False)  # the checkpoint layout it was read from (formats/)
@@ -166,6 +167,7 @@ def normalize_draft_config(raw: dict[str, Any], num_target_layers: int | None = 
     n_target = get("num_target_layers", num_target_layers)
     n_target = None if n_target is None else _int(n_target, "num_target_layers")
     taps, from_rule = _taps(get("target_layer_ids"), n_target, layers)
+    _check_capture_ids(get("eagle_aux_hidden_state_layer_ids"), taps)
     layer_types = _layer_types(raw, layers)
     mask = get("mask_token_id")
     softcap = get("final_logit_softcapping")
@@ -187,7 +189,7 @@ def normalize_draft_config(raw: dict[str, Any], num_target_layers: int | None = 
         layer_types=layer_types,
         sliding_window=_sliding_window(raw, layer_types),
         causal=_causality(raw, dcfg, layer_types),
-        rope=_rope(raw),
+        rope=_rope(raw, layer_types),
         rms_norm_eps=_float(raw.get("rms_norm_eps", 1e-6), "rms_norm_eps"),
         attention_bias=bool(raw.get("attention_bias", False)),
         hidden_act=str(raw.get("hidden_act", "silu")),
@@ -197,6 +199,7 @@ def normalize_draft_config(raw: dict[str, Any], num_target_layers: int | None = 
         input_embedding_scale=None if embed_scale is None else _float(embed_scale, "input_embedding_scale"),
         arch=spec.name,
         dflash2=_dflash2(spec, get, hidden, _int(raw.get("vocab_size"), "vocab_size")),
+        attention_gate=drafters.attention_gate(spec, get("gating")),
         taps_from_default_rule=from_rule,
         draft_vocab_size=_draft_vocab(spec, get("draft_vocab_size"), raw.get("vocab_size")),
         layout=layout,
@@ -234,6 +237,18 @@ def _taps(taps: Any, n_target: int | None, layers: int) -> tuple[tuple[int, ...]
         raise ConfigError(f"target_layer_ids must be a non-empty list of layer ids, got {taps!r}")
     ids = tuple(_int(t, "target_layer_ids entry", minimum=0) for t in taps)
     return ids, False
+
+
+def _check_capture_ids(ids: Any, taps: tuple[int, ...]) -> None:
+    """`eagle_aux_hidden_state_layer_ids` (vLLM's capture depths, Laguna configs carry both) must be the taps + 1:
+    a config whose two spellings disagree names different target layers, and neither is picked silently."""
+    if ids is None:
+        return
+    if not isinstance(ids, list) or [i - 1 if isinstance(i, int) else i for i in ids] != list(taps):
+        raise ConfigError(
+            f"eagle_aux_hidden_state_layer_ids {ids!r} do not match target_layer_ids {list(taps)} "
+            "(capture depth k is the output of decoder layer k - 1)"
+        )
 
 
 def _draft_vocab(spec: drafters.ArchSpec, size: Any, vocab: int) -> int | None:
@@ -311,8 +326,8 @@ def _causality(raw: dict, dcfg: dict, layer_types: tuple[str, ...]) -> tuple[boo
     return tuple(t == SLIDING for t in layer_types)
 
 
-def _rope(raw: dict) -> RopeSpec:
-    params = dict(raw.get("rope_parameters") or {})
+def _rope(raw: dict, layer_types: tuple[str, ...]) -> RopeSpec:
+    params = _rope_parameters(raw, layer_types)
     scaling = dict(raw.get("rope_scaling") or {})
     merged = {**scaling, **params}
     theta = merged.get("rope_theta", raw.get("rope_theta", 10000.0))
@@ -325,3 +340,25 @@ def _rope(raw: dict) -> RopeSpec:
     return RopeSpec(
         **{**fields, "theta": float(theta), "type": rtype, "partial_rotary_factor": float(partial)}
     )
+
+
+def _rope_parameters(raw: dict, layer_types: tuple[str, ...]) -> dict:
+    """The drafter's one set of rope parameters. transformers nests them by layer type for targets with two
+    rotaries (Laguna, Gemma); vLLM's Laguna drafter reads the entry of its layers' type, and
+    `swa_rope_parameters` for sliding layers where set. Layers of two types with different entries are refused:
+    the drafter has one rotary embedding."""
+    params = raw.get("rope_parameters") or {}
+    if not isinstance(params, dict):
+        raise ConfigError(f"rope_parameters must be a JSON object, got {params!r}")
+    nested = any(isinstance(v, dict) for v in params.values())
+    chosen = []
+    for kind in dict.fromkeys(layer_types):
+        entry = (params.get(kind) or params.get(FULL)) if nested else params
+        if kind == SLIDING and raw.get("swa_rope_parameters"):
+            entry = raw["swa_rope_parameters"]
+        if not isinstance(entry, dict):
+            raise ConfigError(f"rope_parameters has no entry for {kind} layers: {params!r}")
+        chosen.append(dict(entry))
+    if any(c != chosen[0] for c in chosen):
+        raise ConfigError(f"draft layers of types {sorted(set(layer_types))} have different rope parameters")
+    return chosen[0]

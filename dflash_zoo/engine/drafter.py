@@ -138,7 +138,7 @@ class Attention(nn.Module):
         ctx_kv = ctx_kv if ctx_kv is not None else past
         if attend is not None:  # every context key is new in a training call
             out = attend(q, ctx_kv[0], ctx_kv[1], k_blk, v_blk, self.causal, self.window)  # [B, heads, N, hd]
-            return self.o_proj(out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim)), ctx_kv
+            return self.project_out(out, x), ctx_kv
         k, v = (
             (k_blk, v_blk)
             if ctx_kv is None
@@ -152,8 +152,13 @@ class Attention(nn.Module):
             attn_mask=None if mask is None else mask.unsqueeze(-3),  # [1 or B, 1, N, C + N]
             enable_gqa=self.heads != self.kv_heads,
         )  # [B, heads, N, hd]
-        out = self.o_proj(out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))
-        return out, ctx_kv
+        return self.project_out(out, x), ctx_kv
+
+    def project_out(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The heads' output [B, heads, N, hd] -> [B, N, H] through `o_proj`; `x` [B, N, H] is the attention's
+        input (an output gate reads it: drafters/laguna_dflash.py)."""
+        b, _, n, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, self.heads * self.head_dim))
 
 
 class DecoderLayer(nn.Module):
@@ -223,7 +228,7 @@ class DFlashDrafter(nn.Module):
         Returns:
             [B, N, H] final-norm hidden states; the caller applies the target's LM head.
         """
-        ctx = self.hidden_norm(self.fc(target_hidden))  # [B, C_new, H]
+        ctx = self.context(target_hidden)  # [B, C_new, H]
         dtype = noise_embedding.dtype
         rope_q = self.rotary_emb(span.q_pos, dtype)  # [N, rot] or [B, N, rot]
         if span.q_pos.dim() == 2:  # per-row positions: broadcast over heads
@@ -239,6 +244,22 @@ class DFlashDrafter(nn.Module):
             cache.layers = new_layers
             cache.length += ctx.shape[1]
         return self.norm(x)
+
+    def context(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """[B, C, K*H] tapped target features -> [B, C, H] fused context: `hidden_norm(fc(features))`."""
+        return self.hidden_norm(self.fc(target_hidden))
+
+    @classmethod
+    def state_from_checkpoint(
+        cls, cfg: DraftConfig, state: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """A checkpoint's tensors under this module's names (DFlash: the same names)."""
+        return state
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """The tensors a checkpoint of this architecture stores, under its names (`state_from_checkpoint`'s
+        inverse)."""
+        return self.state_dict()
 
     # ---- from final states to proposals (z-lab `compute_logits`, `propose`) ----------------------------
     def embed_block(self, ids: torch.Tensor, adapter: Any) -> torch.Tensor:

@@ -182,6 +182,11 @@ def from_draft(cfg: Any, verifier: dict[str, Any]) -> dict[str, Any]:
 
 def refuse_inexpressible(cfg: Any) -> None:
     """`DrafterFormatError` for what a speculators config has no field for."""
+    if cfg.arch not in ARCHITECTURES:
+        raise DrafterFormatError(
+            f"speculators configs describe {' and '.join(ARCHITECTURES)} drafters, not {cfg.arch}",
+            hint="keep it in the z-lab layout (`--to zlab`)",
+        )
     if cfg.output_multiplier != 1.0 or cfg.final_logit_softcapping is not None:
         raise DrafterFormatError(
             "speculators configs have no drafter logit multiplier or soft-cap (this drafter has "

@@ -75,7 +75,7 @@ def layout_config(layout: str, cfg: Any, verifier: Verifier | None) -> dict[str,
 
 def layout_tensors(layout: str, model: Any, verifier: Verifier | None) -> dict[str, torch.Tensor]:
     """The checkpoint tensors of `model` in `layout`: its own, renamed, plus a speculators verifier's copies."""
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.checkpoint_state().items()}
     copies = {}
     if layout == SPECULATORS and verifier is not None:
         d2t = state.get("d2t") if model.cfg.draft_vocab_size else None

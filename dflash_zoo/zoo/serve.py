@@ -58,8 +58,13 @@ class Recipe:
 _VLLM = Recipe(min_version="0.21.0", draft_backend="flash_attn")
 _SGLANG = Recipe(min_version="0.5.11")
 # The first release of each engine that runs a drafter architecture (dflash_zoo/drafters), where later than the
-# recipe's: DFlash 2 (vLLM PR #52816, SGLang PR #35371), read from the release wheels' model registries.
-ARCH_MIN_VERSIONS: dict[str, dict[str, str]] = {"dflash2": {"vllm": "0.28.0", "sglang": "0.5.19"}}
+# recipe's: DFlash 2 (vLLM PR #52816, SGLang PR #35371), read from the release wheels' model registries; Laguna
+# DFlash (vLLM PR #46853, SGLang PR #29446, both merged 2026-06-26): the first releases known to carry it
+# (vLLM 0.27.0 per a public upgrade note; SGLang's merged before DFlash 2's, so 0.5.19 is an upper bound).
+ARCH_MIN_VERSIONS: dict[str, dict[str, str]] = {
+    "dflash2": {"vllm": "0.28.0", "sglang": "0.5.19"},
+    "laguna_dflash": {"vllm": "0.27.0", "sglang": "0.5.19"},
+}
 _HYBRID_NOTE = "hybrid GDN: vLLM derives mamba_cache_mode, SGLang its mamba radix strategy (no flag needed)"
 
 # (family = registry `adapter`, or an entry slug) -> engine -> recipe. A slug key wins over its family.
