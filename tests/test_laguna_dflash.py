@@ -231,3 +231,22 @@ def test_layouts_without_its_parts_refuse_it():
         check_expressible(SPECULATORS, cfg, has_target=True)
     with pytest.raises(DrafterFormatError, match="laguna_dflash drafter"):
         check_expressible(HF_NATIVE, cfg, has_target=False)
+
+
+def test_train_fine_tunes_a_laguna_drafter_and_keeps_its_layout(tmp_path):
+    """`train --init` on a Laguna drafter: the DFlash loss over its own forward, the loss falls, and the result is
+    a Laguna drafter saved with fused q/k/v that drafts better than where it started."""
+    from dflash_zoo.training.train import train
+    from tests.test_train import _acceptance, _cfg, _prompts, tiny_setup
+
+    target, tok, examples = tiny_setup()
+    save_drafter(laguna_drafter(target=target, block_size=8), tmp_path / "init")
+    cfg = _cfg(tmp_path, steps=30)
+    res = train(cfg, target, tok, examples, init=str(tmp_path / "init"))
+    assert res.history[-1][1] < 0.7 * res.history[0][1]
+    tuned = load_drafter(res.out_dir)
+    assert isinstance(tuned, LagunaDrafter) and tuned.cfg.attention_gate == "per-head"
+    assert "layers.0.self_attn.qkv_proj.weight" in load_file(f"{res.out_dir}/model.safetensors")
+    held_out = _prompts(99, 4)
+    before = _acceptance(target, tok, load_drafter(tmp_path / "init"), held_out)
+    assert _acceptance(target, tok, tuned, held_out) > before + 0.5

@@ -57,6 +57,7 @@ def _dflash2_loss(drafter: Any, cfg: Any) -> Callable[..., LossOut]:
 LOSSES: dict[str, Callable[[Any, Any], Callable[..., LossOut]]] = {
     "dflash": lambda _drafter, _cfg: dflash_loss,
     "dflash2": _dflash2_loss,
+    "laguna_dflash": lambda _drafter, _cfg: dflash_loss,  # its differences are in the forward, not the loss
 }
 
 

@@ -1,5 +1,5 @@
 """What every kernel module shares: where the Triton kernels can run, the device's SM count, power-of-two tile
-sizes, and the tuner's switch and timer.
+sizes, the tuner's switch and timer, and the guard every CUDA graph capture runs under.
 
 The kernels run on CUDA, or anywhere under Triton's interpreter (`TRITON_INTERPRET=1`, the CPU tests), which
 Triton reads itself: `interpreting` asks Triton rather than the environment. Triton is imported on first use
@@ -8,8 +8,10 @@ only, so importing an op module needs no triton.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import gc
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -67,11 +69,26 @@ def tunes(x: torch.Tensor, tune: bool = True) -> bool:
     return tune and x.is_cuda and not torch.cuda.is_current_stream_capturing()
 
 
+@contextlib.contextmanager
+def no_collection() -> Iterator[None]:
+    """Python's cyclic garbage collector off (then as it was): a collection inside a capture can free another
+    engine's CUDA graph, whose destruction is not permitted while a stream captures, and the capture fails
+    ("operation failed due to a previous error during capture"; seen on one H100 when a second FP8 engine
+    captured while the first was unreachable garbage). `torch.cuda.graph` collects once before it begins."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def graph_ms(fn: Callable[[], object], reps: int = 10) -> float:
     """Milliseconds per call of `fn`, `reps` calls captured in one CUDA graph (launch cost as in a step)."""
     fn()  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with no_collection(), torch.cuda.graph(graph):
         for _ in range(reps):
             fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

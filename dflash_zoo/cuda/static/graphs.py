@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from dflash_zoo.cuda.ops.runtime import no_collection
+
 Step = Callable[[], None]
 
 
@@ -107,7 +109,7 @@ class Steps:
         register = getattr(graph, "register_generator_state", None)
         if register is not None and self.gen.device.type == "cuda":
             register(self.gen)
-        with torch.cuda.graph(graph):
+        with no_collection(), torch.cuda.graph(graph):
             fn()
         rewind()
         torch.cuda.synchronize()
