@@ -250,3 +250,18 @@ def test_train_fine_tunes_a_laguna_drafter_and_keeps_its_layout(tmp_path):
     held_out = _prompts(99, 4)
     before = _acceptance(target, tok, load_drafter(tmp_path / "init"), held_out)
     assert _acceptance(target, tok, tuned, held_out) > before + 0.5
+
+
+def test_convert_keeps_a_laguna_drafter_in_its_layout_and_refuses_the_others(tmp_path):
+    from tests.cli_runner import run_cli
+
+    save_drafter(laguna_drafter(), tmp_path / "d")
+    res = run_cli("convert", str(tmp_path / "d"), "--to", "zlab", str(tmp_path / "z"))
+    assert res.code == 0, res.stderr
+    before, after = (
+        load_file(tmp_path / "d" / "model.safetensors"),
+        load_file(tmp_path / "z" / "model.safetensors"),
+    )
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    res = run_cli("convert", str(tmp_path / "d"), "--to", "hf-native", str(tmp_path / "h"))
+    assert res.code == 2 and "laguna_dflash drafter" in res.stderr and not (tmp_path / "h").exists()
