@@ -439,3 +439,27 @@ def test_pipeline_compile_flag_reaches_the_engine():
     plain = pipe.engine(cfg, 8)
     assert plain is not eng and not plain.compile and plain.kernels.decode_attention == "sdpa"
     assert pipe.engine(cfg, 8) is plain  # reused while nothing changes
+
+
+def test_captures_run_with_the_garbage_collector_off_and_restore_it():
+    """A collection inside a CUDA graph capture can free another engine's graph, which CUDA refuses mid-capture:
+    `Steps._capture` and the tuner's `graph_ms` capture under `no_collection`, which leaves the collector as it
+    found it."""
+    import gc
+
+    from dflash_zoo.cuda.ops.runtime import no_collection
+
+    assert gc.isenabled()
+    with no_collection():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with no_collection():
+            pass
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError), no_collection():
+        raise RuntimeError("a failed capture")
+    assert gc.isenabled()
