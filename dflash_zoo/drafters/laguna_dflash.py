@@ -37,20 +37,17 @@ class GatedAttention(Attention):
 
     def __init__(self, cfg: DraftConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)
-        self.per_head = cfg.attention_gate == "per-head"
-        width = self.heads if self.per_head else self.heads * self.head_dim
+        width = self.heads if cfg.attention_gate == "per-head" else self.heads * self.head_dim
         self.g_proj = nn.Linear(cfg.hidden_size, width, bias=False) if cfg.attention_gate else None
 
     def project_out(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        if self.g_proj is None:
-            return super().project_out(out, x)
-        b, heads, n, hd = out.shape
-        gate = F.softplus(self.g_proj(x).float()).to(out.dtype)  # [B, N, heads] or [B, N, heads * hd]
-        if self.per_head:
-            out = out * gate.transpose(1, 2).unsqueeze(-1)  # [B, heads, N, hd] * [B, heads, N, 1]
-            return super().project_out(out, x)
-        flat = out.transpose(1, 2).reshape(b, n, heads * hd) * gate  # [B, N, heads * hd]
-        return self.o_proj(flat)
+        if self.g_proj is not None:
+            b, heads, n, _ = out.shape
+            gate = F.softplus(self.g_proj(x).float()).to(out.dtype)  # [B, N, heads] or [B, N, heads * hd]
+            out = out * gate.view(b, n, heads, -1).transpose(
+                1, 2
+            )  # [B, heads, N, hd] * [B, heads, N, 1 or hd]
+        return super().project_out(out, x)
 
 
 class LagunaLayer(DecoderLayer):
