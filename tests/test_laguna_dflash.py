@@ -185,6 +185,7 @@ def test_checkpoint_is_poolsides_layout_and_round_trips_bit_for_bit(tmp_path):
         (lambda s: s.pop("aux_hidden_norms.2.weight"), "missing aux_hidden_norms.2.weight"),
         (lambda s: s.update({"layers.0.self_attn.qkv_proj.weight": torch.zeros(100, 64)}), "need 128 rows"),
         (lambda s: s.update({"layers.0.extra.weight": torch.zeros(2)}), "not used by laguna_dflash"),
+        (lambda s: s.update({"layers.1.self_attn.k_proj.weight": torch.zeros(32, 64)}), "both hold"),
     ],
 )
 def test_incomplete_or_foreign_checkpoints_are_refused_by_name(tmp_path, edit, message):

@@ -101,6 +101,11 @@ class LagunaDrafter(DFlashDrafter):
                     hint="the config.json and the weights come from different drafters",
                 )
             prefix = name.removesuffix("qkv_proj.weight")
+            both = [f"{prefix}{p}.weight" for p in PARTS if f"{prefix}{p}.weight" in state]
+            if both:  # one of the two copies would be dropped
+                raise DrafterFormatError(
+                    f"tensor {name!r} and {', '.join(both)} both hold that layer's q/k/v"
+                )
             out.update({f"{prefix}{p}.weight": t for p, t in zip(PARTS, tensor.split(sizes), strict=True)})
         return out
 
