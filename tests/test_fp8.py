@@ -197,7 +197,7 @@ def test_partial_sums_add_up_to_the_output(interpret, rows):
 @pytest.mark.parametrize("config", [fp8_ops.GEMV_CONFIGS[0], fp8_ops.GEMV_CONFIGS[-1]], ids=str)
 def test_fp8_gemv_reads_a_gate_up_gemv_s_partial_sums(interpret, config):
     """One row given as a gate/up GEMV's fp32 partial sums [S, 1, 2F]: the same output and partial sums as from
-    their in-order sums rounded to the activations' dtype (what that GEMV returns), prefetching or not."""
+    their in-order sums rounded to the activations' dtype (what that GEMV returns), prefetching or in row sums."""
     gen = torch.Generator().manual_seed(3)
     sums = torch.randn(3, 1, 2 * 300, generator=gen)  # [S, 1, 2F]
     gate, up = sums[..., :300], sums[..., 300:]

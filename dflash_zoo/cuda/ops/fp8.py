@@ -27,6 +27,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from dflash_zoo.cuda.ops import fused
 from dflash_zoo.cuda.ops.gemv import ACT_OPS
 from dflash_zoo.cuda.ops.runtime import available, graph_ms, pow2, split_k, tunes
 
@@ -42,16 +43,22 @@ ROWS = 16  # up to this many rows a step's projections split K over the SMs; mor
 # False: Triton's cast
 BITS_CUDA_VERIFIED = True
 
-# one row: (rows per program, K per iteration, programs per SM, warps, prefetch); BN divides BLOCK (a tile's
-# rows share one row of scale blocks), BK divides it or spans blocks (each column loads its scale). The first of
-# each list runs untimed (`tune` off: the GPU tests; the CPU tests, whose interpreter is fastest on big tiles)
+# one row: (rows per program, K per iteration, programs per SM, warps, mode); BN divides BLOCK (a tile's rows
+# share one row of scale blocks), BK divides it or spans blocks (each column loads its scale); mode: 0 plain, 1
+# the next tile's load in flight (PREFETCH), 2 row sums each iteration (ROW_SUMS: the fastest on most of an 8B
+# shape's projections, one H100, docs/performance.md). The first of each list runs untimed (`tune` off: the GPU
+# tests; the CPU tests, whose interpreter is fastest on big tiles)
+PREFETCH, ROW_SUMS = 1, 2
 GEMV_CONFIGS = [
-    (bn, bk, per_sm, 4 if bn * bk <= 4096 else 8, prefetch)
-    for prefetch in (1, 0)
+    (bn, bk, per_sm, 4 if bn * bk <= 4096 else 8, mode)
+    for mode in (1, 0)
     for bn in (64, 32, 16)
     for bk in (128, 256, 64)
     for per_sm in (4, 8, 2)
-]
+] + [(bn, bk, per_sm, 8, ROW_SUMS) for bn in (64, 32) for bk in (256, 512) for per_sm in (4, 8, 2)]
+# one program reading a row's fp32 partial sums: the residual add took 2.1 us more per call for 12 more slices
+# of 4,096 (an 8B shape's o_proj, one H100, docs/performance.md); the one-row tuner adds this cost per slice
+SUMMING_BYTES_PER_S = 90e9
 # 2..ROWS rows: (BM, BN, BK, programs per SM, warps, stages); per_sm 1 at wide N gives few K slices, one at
 # N / BN >= the SMs, written directly (no partial sums, no second kernel)
 GEMM_CONFIGS = [
@@ -171,24 +178,27 @@ def _parts(x, weight, scales, gate, config, act: int, in_parts: bool, dtype, bia
 
 def _gemv_parts(x, weight, scales, g, config, act: int, in_parts: bool, dtype) -> torch.Tensor:
     """One row: the split-K GEMV's fp32 partial sums [slices, 1, N]."""
-    (n, k), (bn, bk, per_sm, warps, prefetch) = weight.shape, config
+    (n, k), (bn, bk, per_sm, warps, mode) = weight.shape, config
     out_blocks, splits, k_split = split_k(n, k, bn, bk, per_sm, x)
     part = torch.empty(splits, 1, n, device=x.device, dtype=torch.float32)
     in_splits, in_plane = (x.shape[0], x.stride(0)) if in_parts else (1, 0)
     _kernels()[0][(out_blocks, splits)](
         weight, scales, x, g, x, part, n, k, k_split, scales.stride(0), in_splits, in_plane, DT=_kernels()[3][dtype],
-        BN=bn, BK=bk, ACT=act, SCALE=False, BLOCKS=True, PREFETCH=bool(prefetch), IN_PARTS=in_parts,
-        num_warps=warps,
+        BN=bn, BK=bk, ACT=act, SCALE=False, BLOCKS=True, PREFETCH=mode == PREFETCH, IN_PARTS=in_parts,
+        ROW_SUMS=mode == ROW_SUMS, num_warps=warps,
     )  # fmt: skip
     return part
 
 
 def _gemm(x, weight, scales, g, config, act: int, dtype, bias, direct: bool) -> torch.Tensor:
     """2+ rows on the tensor cores: fp32 partial sums [slices, rows, N], or with `direct` and one slice the
-    output [rows, N] (plus bias) in x's dtype. A prefill config (per_sm 0) tiles M and takes K whole."""
+    output [rows, N] (plus bias) in x's dtype. A prefill config (per_sm 0) tiles M and takes K whole. A gated
+    input is multiplied out first (`_gated`)."""
     (n, k), (bm, bn, bk, per_sm, warps, stages) = weight.shape, config[:6]
     rows = x.numel() // k
-    x2, g2 = x.reshape(rows, k), g.reshape(rows, k)  # views: rows may be strided (halves of gate/up)
+    x2 = x.reshape(rows, k)  # a view: rows may be strided (halves of gate/up)
+    if act:
+        x2 = _gated(g.reshape(rows, k), x2, act, dtype)
     if per_sm:
         out_blocks, splits, k_split = split_k(n, k, bn, bk, per_sm, x)
     else:
@@ -197,13 +207,21 @@ def _gemm(x, weight, scales, g, config, act: int, dtype, bias, direct: bool) -> 
     shape = (rows, n) if direct else (splits, rows, n)
     out = torch.empty(shape, device=x.device, dtype=dtype if direct else torch.float32)
     _kernels()[1][(-(-rows // bm), out_blocks, splits)](
-        weight, scales, x2, g2, out, bias if bias is not None else out, rows, n, k, k_split, x2.stride(0),
-        g2.stride(0), scales.stride(0), BM=bm, BN=bn, BK=bk, ACT=act, DIRECT=direct, BIAS=bias is not None,
-        IEEE=dtype == torch.float32, W8A8=w8a8_of(config),
-        BITS=BITS_CUDA_VERIFIED and x.is_cuda and dtype == torch.bfloat16,
+        weight, scales, x2, out, bias if bias is not None else out, rows, n, k, k_split, x2.stride(0),
+        scales.stride(0), BM=bm, BN=bn, BK=bk, DIRECT=direct, BIAS=bias is not None, IEEE=dtype == torch.float32,
+        W8A8=w8a8_of(config), BITS=BITS_CUDA_VERIFIED and x.is_cuda and dtype == torch.bfloat16,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
+
+
+def _gated(gate: torch.Tensor, x: torch.Tensor, act: int, dtype: torch.dtype) -> torch.Tensor:
+    """act(gate) * x [rows, K] in `dtype`, each op rounded as HF's, once for all output tiles (computed in the
+    kernel, every tile of N recomputes it: an 8B shape's 16-row down projection took 35.6 us so, 25.3 us
+    after a separate product, which took 1.6 us in a step; one H100, docs/performance.md)."""
+    if act == 1 and gate.dtype == x.dtype == dtype:
+        return fused.silu_mul(gate, x)  # one kernel
+    return ACT_OPS[act](gate.to(dtype)) * x.to(dtype)
 
 
 def _launch(x, weight, scales, bias, gate, config, act: int, in_parts: bool, dtype) -> torch.Tensor:
@@ -232,6 +250,13 @@ def _configs(rows: int, w8a8: bool) -> list[tuple]:
     return [(max(c[0], 64), *c[1:], 1) for c in table] if w8a8 else table
 
 
+def _summing_ms(x, weight, config) -> float:
+    """What one row's partial sums cost the kernel that reads them, for the tuner: the residual add sums a
+    row's slices in one program (`fused.add_rms_norm`), at about SUMMING_BYTES_PER_S."""
+    (n, k), (bn, bk, per_sm) = weight.shape, config[:3]
+    return split_k(n, k, bn, bk, per_sm, x)[1] * n * 4 / SUMMING_BYTES_PER_S * 1e3
+
+
 def _config(x, weight, scales, gate, act, in_parts, dtype, w8a8, tune, parts=False) -> tuple:
     """The fastest config for this shape and row count (rows > ROWS share one), timed once where
     `runtime.tunes` (each call after a 128 MB write, so the weight comes from HBM), else the first."""
@@ -251,7 +276,9 @@ def _config(x, weight, scales, gate, act, in_parts, dtype, w8a8, tune, parts=Fal
     else:
         run = functools.partial(_launch, bias=None, act=act, in_parts=in_parts, dtype=dtype)
     times = {
-        c: graph_ms(lambda c=c: (flush.zero_(), run(x, weight, scales, gate=gate, config=c))) - base
+        c: graph_ms(lambda c=c: (flush.zero_(), run(x, weight, scales, gate=gate, config=c)))
+        - base
+        + (_summing_ms(x, weight, c) if parts and rows == 1 else 0.0)
         for c in configs
     }
     _tuned[key] = best = min(times, key=times.get)

@@ -2,9 +2,10 @@
 whose weight is float8_e4m3fn [N, K] with fp32 scales per 128 x 128 block [ceil(N/128), ceil(K/128)].
 
 The tensor-core kernel's weight tile lies inside one scale block (BN divides 128, BK is 128): its scale is one
-number, loaded beside it, that multiplies the tile's product with the input rather than each weight. The GEMV
-scales the input instead, each column by its block's scale (so its BK may span blocks). The input rows go
-through `gemv_input` (gemv_kernels.py): plain, HF's act(gate) * up, or a gate/up GEMV's fp32 partial sums.
+number, loaded beside it, that multiplies the tile's product with the input rather than each weight; its rows
+come gated already (fp8.py). The GEMV (gemv_kernels.py) scales the input instead, each column by its block's
+scale (so its BK may span blocks), its one row through `gemv_input`: plain, HF's act(gate) * up, or a gate/up
+GEMV's fp32 partial sums.
 
 e4m3 -> bf16 (`e4m3_bf16`, on CUDA): Triton's cast goes through fp16 with conversion instructions, which
 Hopper issues at a quarter of the integer rate; in the tensor-core kernel they, not the memory, bound a
@@ -15,8 +16,6 @@ it exact.
 
 import triton
 import triton.language as tl
-
-from dflash_zoo.cuda.ops.gemv_kernels import activation
 
 QMAX = tl.constexpr(448.0)  # e4m3's largest finite value
 # 4 e4m3 bytes [b3 b2 b1 b0] -> two bf16 pairs ($0: b1 b0, $1: b3 b2): each byte into the high half of a 16-bit
@@ -47,9 +46,9 @@ def e4m3_bf16(w):
 
 
 @triton.jit
-def fp8_gemm(W, S, X, Gate, Out, Bias, n_rows, n_out, k_in, k_split, x_stride, g_stride, s_stride,
-             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ACT: tl.constexpr, DIRECT: tl.constexpr,
-             BIAS: tl.constexpr, IEEE: tl.constexpr, W8A8: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
+def fp8_gemm(W, S, X, Out, Bias, n_rows, n_out, k_in, k_split, x_stride, s_stride, BM: tl.constexpr,
+             BN: tl.constexpr, BK: tl.constexpr, DIRECT: tl.constexpr, BIAS: tl.constexpr, IEEE: tl.constexpr,
+             W8A8: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
     """Rows [BM] x columns [BN] of x [rows, K] @ dequant(W)^T over one slice of K, on the tensor cores. Each
     tile's product is scaled by its block's scales as it is added: x (16-bit) times the e4m3 weight exactly
     in the activations' type, or with W8A8 (BK 128) x quantized per row and 128-column group to e4m3 (amax /
@@ -66,9 +65,6 @@ def fp8_gemm(W, S, X, Gate, Out, Bias, n_rows, n_out, k_in, k_split, x_stride, g
         cok = cols < k_in
         xm = rok[:, None] & cok[None, :]
         x = tl.load(X + r[:, None] * x_stride + cols[None, :], mask=xm, other=0.0)  # [BM, BK]
-        if ACT:  # as gemv_input: act(gate) * up, each op rounded to the dtype
-            g = tl.load(Gate + r[:, None] * g_stride + cols[None, :], mask=xm, other=0.0).to(tl.float32)
-            x = (activation(g, ACT).to(x.dtype).to(tl.float32) * x.to(tl.float32)).to(x.dtype)
         w = tl.load(W + n[:, None] * k_in + cols[None, :], mask=nok[:, None] & cok[None, :], other=0.0)
         s = tl.load(s_col + tl.minimum(k0, k_in - 1) // 128)
         if W8A8:  # one scale per row of the 128-column group; an all-zero group's is tiny, its values 0

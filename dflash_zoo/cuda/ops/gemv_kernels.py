@@ -55,18 +55,21 @@ def scaled_input(X, Gate, s_row, k0, cols, cok, k_in, in_splits, in_plane, DT: t
 @triton.jit
 def gemv_part(W, S, X, Gate, Scale, Part, n_out, k_in, k_split, s_stride, in_splits, in_plane,
               DT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ACT: tl.constexpr, SCALE: tl.constexpr,
-              BLOCKS: tl.constexpr, PREFETCH: tl.constexpr, IN_PARTS: tl.constexpr):  # fmt: skip
+              BLOCKS: tl.constexpr, PREFETCH: tl.constexpr, IN_PARTS: tl.constexpr,
+              ROW_SUMS: tl.constexpr = 0):  # fmt: skip
     """Rows [BN] of W x over one K slice -> their fp32 partial sums. DT: the activations' dtype (a gated or
     summed input's rounding). BLOCKS: W is float8_e4m3fn with fp32 scales S per 128 x 128 block (rows
     `s_stride` apart; BN divides 128). PREFETCH: each iteration issues the next weight tile's load before it
-    multiplies the current one, so two tiles are in flight per program."""
+    multiplies the current one, so two tiles are in flight per program. ROW_SUMS (not with PREFETCH): each
+    iteration reduces its products to [BN] row sums, a [BN] accumulator in place of [BN, BK] (fewer registers:
+    more programs per SM; 3-6% faster on the FP8 GEMVs of an 8B shape, one H100)."""
     pn, ps = tl.program_id(0), tl.program_id(1)  # output rows, K slice
     rows = pn * BN + tl.arange(0, BN)
     rok = rows < n_out
     w_rows = W + rows[:, None] * k_in
     s_row = S + (pn * BN // 128) * s_stride  # the tile's row of scale blocks (BLOCKS)
     k_lo, k_hi = ps * k_split, ps * k_split + k_split
-    acc = tl.zeros([BN, BK], tl.float32)
+    acc = tl.zeros([BN] if ROW_SUMS else [BN, BK], tl.float32)
     if PREFETCH:
         cols = k_lo + tl.arange(0, BK)
         w = tl.load(w_rows + cols[None, :], mask=rok[:, None] & (cols < k_in)[None, :], other=0.0)
@@ -86,8 +89,11 @@ def gemv_part(W, S, X, Gate, Scale, Part, n_out, k_in, k_split, s_stride, in_spl
             w = tl.load(w_rows + cols[None, :], mask=rok[:, None] & cok[None, :], other=0.0)
             x = scaled_input(X, Gate, s_row, k0, cols, cok, k_in, in_splits, in_plane, DT, BK, ACT, IN_PARTS,
                              BLOCKS)  # fmt: skip
-            acc += w.to(tl.float32) * x[None, :]
-    y = tl.sum(acc, 1)
+            if ROW_SUMS:
+                acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
+            else:
+                acc += w.to(tl.float32) * x[None, :]
+    y = acc if ROW_SUMS else tl.sum(acc, 1)
     if SCALE:  # times sigmoid(logit), rounded to the dtype as torch's sigmoid (a shared expert's gate)
         logit = tl.load(Scale)
         y *= (1.0 / (1.0 + tl.exp(-logit.to(tl.float32)))).to(logit.dtype).to(tl.float32)
