@@ -3,8 +3,8 @@
 The layout (transformers `integrations/finegrained_fp8.py`, `FP8Linear`; DeepSeek-V3's, Qwen3-FP8's): W is
 float8_e4m3fn [N, K]; S (`weight_scale_inv`) holds one fp32 scale per 128 x 128 block [ceil(N/128),
 ceil(K/128)], the block's absolute maximum / 448 (e4m3's largest finite value), and dequant(W, S) = W * S in
-fp32. `quantize` writes it as transformers' quantizer does; `dequantize` and `reference` are the torch forms
-the kernels are tested against.
+fp32 (fp8_format.py: `quantize`, `dequantize`, re-exported here); `reference` is the torch form the kernels are
+tested against.
 
 `linear` reads the FP8 weight itself (half a bf16 weight's bytes, the whole point: decoding is memory-bound):
 - one row: gemv.py's split-K GEMV (`BLOCKS`), each input column times its block's scale; `linear_parts` stops
@@ -25,17 +25,23 @@ import functools
 import logging
 
 import torch
-import torch.nn.functional as F
 
 from dflash_zoo.cuda.ops import fused
+from dflash_zoo.cuda.ops.fp8_format import (  # noqa: F401  (the format, re-exported)
+    BLOCK,
+    FP8,
+    QMAX,
+    blocks,
+    dequantize,
+    layout_reason,
+    quantize,
+    quantize_rows,
+)
 from dflash_zoo.cuda.ops.gemv import ACT_OPS
 from dflash_zoo.cuda.ops.runtime import available, graph_ms, pow2, split_k, tunes
 
 log = logging.getLogger("dflash_zoo")
 
-FP8 = torch.float8_e4m3fn
-BLOCK = 128  # rows and columns of a scale block
-QMAX = 448.0  # e4m3's largest finite value
 CAPABILITY = (9, 0)  # Hopper: where the kernels were built for (and FP8 tensor cores exist)
 ROWS = 16  # up to this many rows a step's projections split K over the SMs; more rows (prefill) tile M
 # the tensor-core kernel converts e4m3 to bf16 with bit operations (`fp8_kernels.e4m3_bf16`) where the GPU test
@@ -89,60 +95,7 @@ def device_reason(device: torch.device, capability: tuple[int, int] | None = Non
     return None
 
 
-# ---- the format and its torch forms ------------------------------------------------------------------------
-def blocks(n: int) -> int:
-    """Scale blocks along a dimension of n."""
-    return -(-n // BLOCK)
-
-
-def layout_reason(weight: torch.Tensor, scales: object) -> str | None:
-    """Why a weight and its `weight_scale_inv` are not the layout the kernels read (float8_e4m3fn [N, K], fp32
-    [ceil(N/128), ceil(K/128)]); None: they are."""
-    if weight.dtype != FP8 or weight.dim() != 2:
-        got = f"{str(weight.dtype).removeprefix('torch.')} {list(weight.shape)}"
-        return f"its weight is {got}, not float8_e4m3fn [N, K]"
-    want = [blocks(n) for n in weight.shape]
-    if not isinstance(scales, torch.Tensor):
-        return f"it has no weight_scale_inv (fp32 {want}, one scale per 128 x 128 block)"
-    if scales.dtype != torch.float32 or list(scales.shape) != want:
-        got = f"{str(scales.dtype).removeprefix('torch.')} {list(scales.shape)}"
-        return f"its weight_scale_inv is {got}, not fp32 {want} (one scale per 128 x 128 block)"
-    return None
-
-
-def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] -> (float8_e4m3fn [N, K], fp32 scales [ceil(N/128), ceil(K/128)]), as transformers' quantizer
-    (`Fp8Quantize`): per block, scale = 448 / amax (1 for an all-zero block), the weight times it clamped to
-    +-448 and cast, and the stored scale its reciprocal. An edge block takes the amax of what it covers."""
-    n, k = w.shape
-    nb, kb = blocks(n), blocks(k)
-    padded = F.pad(w.float(), (0, kb * BLOCK - k, 0, nb * BLOCK - n))  # zeros change no amax
-    tiles = padded.reshape(nb, BLOCK, kb, BLOCK)
-    amax = tiles.abs().amax(dim=(1, 3))  # [nb, kb]
-    scale = torch.where(
-        amax > 0, QMAX / amax.clamp(min=torch.finfo(torch.float32).tiny), torch.ones_like(amax)
-    )
-    q = (tiles * scale[:, None, :, None]).clamp(-QMAX, QMAX).to(FP8).reshape(nb * BLOCK, kb * BLOCK)
-    return q[:n, :k].contiguous(), (1.0 / scale).float()
-
-
-def dequantize(weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """float8_e4m3fn [N, K] and its block scales -> the fp32 weight [N, K] (each block times its scale)."""
-    n, k = weight.shape
-    full = scales.float().repeat_interleave(BLOCK, 0)[:n].repeat_interleave(BLOCK, 1)[:, :k]  # [N, K]
-    return weight.float() * full
-
-
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows x [..., K] -> (float8_e4m3fn [..., K], fp32 scales [..., ceil(K/128)]): per row and 128-column
-    group, amax / 448 (the `w8a8` kernels' activation quantization)."""
-    k = x.shape[-1]
-    groups = F.pad(x.float(), (0, blocks(k) * BLOCK - k)).unflatten(-1, (blocks(k), BLOCK))
-    xs = groups.abs().amax(-1).clamp(min=1e-30) / QMAX
-    q = (groups / xs[..., None]).clamp(-QMAX, QMAX).to(FP8).flatten(-2)[..., :k]
-    return q, xs
-
-
+# ---- the torch reference ----------------------------------------------------------------------------------
 def reference(
     x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None,
     gate: torch.Tensor | None = None, act: int = 1, w8a8: bool = False, dtype: torch.dtype | None = None,
