@@ -7,11 +7,13 @@ fp32 (fp8_format.py: `quantize`, `dequantize`, re-exported here); `reference` is
 tested against.
 
 `linear` reads the FP8 weight itself (half a bf16 weight's bytes, the whole point: decoding is memory-bound):
-- one row: gemv.py's split-K GEMV (`BLOCKS`), each input column times its block's scale; `linear_parts` stops
-  before the sum (the next residual add sums the slices); `in_parts` takes a gate/up GEMV's sums as input;
-- more rows (a verify or draft block, a prefill): a tensor-core kernel multiplying x by the e4m3 tile (exact
-  in 16 bits; for bf16 on CUDA converted with bit operations, `fp8_kernels.e4m3_bf16`, rather than conversion
-  instructions), each block's product scaled as it is added: weight-only, exact up to the sums' rounding.
+- one row: gemv.py's split-K GEMV (`BLOCKS`), each input column times its block's scale, its products summed
+  per row each iteration or at the end (`GEMV_CONFIGS` modes); `linear_parts` stops before the sum (the next
+  residual add sums the slices); `in_parts` takes a gate/up GEMV's sums as input;
+- more rows (a verify or draft block, a prefill; a gated input multiplied out first, `_gated`): a tensor-core
+  kernel multiplying x by the e4m3 tile (exact in 16 bits; for bf16 on CUDA converted with bit operations,
+  `fp8_kernels.e4m3_bf16`, rather than conversion instructions), each block's product scaled as it is added:
+  weight-only, exact up to the sums' rounding.
   `w8a8` quantizes the rows per 128 columns instead (amax / 448, as transformers' FP8 kernel does) and
   multiplies on Hopper's FP8 tensor cores: not exact, an option (`FastOptions.fp8`).
 Configs are timed per shape on CUDA (`runtime.graph_ms`, outside graph capture), else the first is taken.
