@@ -44,9 +44,8 @@ class GatedAttention(Attention):
         if self.g_proj is not None:
             b, heads, n, _ = out.shape
             gate = F.softplus(self.g_proj(x).float()).to(out.dtype)  # [B, N, heads] or [B, N, heads * hd]
-            out = out * gate.view(b, n, heads, -1).transpose(
-                1, 2
-            )  # [B, heads, N, hd] * [B, heads, N, 1 or hd]
+            # [B, heads, N, hd] * [B, heads, N, 1 or hd]
+            out = out * gate.view(b, n, heads, -1).transpose(1, 2)
         return super().project_out(out, x)
 
 
@@ -101,12 +100,13 @@ class LagunaDrafter(DFlashDrafter):
                     hint="the config.json and the weights come from different drafters",
                 )
             prefix = name.removesuffix("qkv_proj.weight")
-            both = [f"{prefix}{p}.weight" for p in PARTS if f"{prefix}{p}.weight" in state]
+            names = [f"{prefix}{p}.weight" for p in PARTS]
+            both = [n for n in names if n in state]
             if both:  # one of the two copies would be dropped
                 raise DrafterFormatError(
                     f"tensor {name!r} and {', '.join(both)} both hold that layer's q/k/v"
                 )
-            out.update({f"{prefix}{p}.weight": t for p, t in zip(PARTS, tensor.split(sizes), strict=True)})
+            out.update(zip(names, tensor.split(sizes), strict=True))
         return out
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:

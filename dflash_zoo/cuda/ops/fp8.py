@@ -59,7 +59,7 @@ BITS_CUDA_VERIFIED = True
 PREFETCH, ROW_SUMS = 1, 2
 GEMV_CONFIGS = [
     (bn, bk, per_sm, 4 if bn * bk <= 4096 else 8, mode)
-    for mode in (1, 0)
+    for mode in (PREFETCH, 0)
     for bn in (64, 32, 16)
     for bk in (128, 256, 64)
     for per_sm in (4, 8, 2)
@@ -206,8 +206,10 @@ def _configs(rows: int, w8a8: bool) -> list[tuple]:
 
 
 def _summing_ms(x, weight, config) -> float:
-    """What one row's partial sums cost the kernel that reads them, for the tuner: the residual add sums a
-    row's slices in one program (`fused.add_rms_norm`), at about SUMMING_BYTES_PER_S."""
+    """What one row's partial sums cost the kernel that reads them, for the tuner: the slices read as the
+    residual add reads them (`fused.add_rms_norm`, one program per row), at about SUMMING_BYTES_PER_S. Charged
+    to every one-row partial-sums tuning: the tuner does not know the reader (rope or the next GEMV read them
+    over many programs, so there it overstates the cost)."""
     (n, k), (bn, bk, per_sm) = weight.shape, config[:3]
     return split_k(n, k, bn, bk, per_sm, x)[1] * n * 4 / SUMMING_BYTES_PER_S * 1e3
 
