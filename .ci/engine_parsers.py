@@ -9,8 +9,9 @@ tests/fixtures/configs. SGLang runs `prepare_server_args` (argparse plus `Server
 Both engines' model classes for each target architecture are parsed (not imported) for the hook that feeds a
 DFlash drafter the target's hidden states (`CAPTURE`), and their model registries for the drafter's own
 architecture (`DFlash2DraftModel` for a DFlash 2 drafter). Supported pairs must be accepted and have both;
-`EXPECTED_REFUSALS` must exit 3 and lack the hook (a refusal the engine has outgrown fails too). Controls prove
-the checks can fail.
+`EXPECTED_REFUSALS` must exit 3 and lack the hook (a refusal the engine has outgrown fails too). An entry its
+author marked unsupported-here (`declared_status`) is listed as refused with its reason: `serve` must exit 1
+naming that reason, and no command exists for the engines to parse. Controls prove the checks can fail.
 """
 
 from __future__ import annotations
@@ -231,8 +232,25 @@ def controls() -> list[str]:
     return bad
 
 
+def marked_unsupported(slug: str) -> bool:
+    """An entry dflash-zoo lists but cannot run (its reason says what is missing): `serve` refuses it."""
+    return registry()[slug]["declared_status"] == "unsupported-here"
+
+
+def check_refusal(slug: str, engine: str) -> list[str]:
+    """A marked entry: `serve` exits 1 naming the entry's reason; no command exists for a parser to check."""
+    code, _, err = serve_json(slug, engine)
+    reason = registry()[slug]["reason"]
+    named = code == 1 and reason in " ".join(err.split())  # the one error line may wrap
+    problems = [] if named else [f"exit {code}, not 1 with the reason: {err}"]
+    print(f"{'FAIL' if problems else 'ok  '} {slug:22} {engine:7} refused (unsupported here): {reason[:100]}")
+    return [f"{slug} {engine}: {p}" for p in problems]
+
+
 def check_pair(slug: str, engine: str) -> list[str]:
     """Problems of one `serve` command: the engine's capture for the target, then its parser or refusal."""
+    if marked_unsupported(slug):
+        return check_refusal(slug, engine)
     code, doc, err = serve_json(slug, engine)
     refused = (slug, engine) in EXPECTED_REFUSALS
     problems = capture_problems(slug, engine, refused) + ([] if refused else drafter_problems(slug, engine))
@@ -256,7 +274,10 @@ def main() -> int:
             failures += check_pair(slug, engine)
     for line in failures:
         print("FAILED:", line, file=sys.stderr)
-    print(f"{len(slugs) * 2} commands checked, {len(failures)} failure(s)")
+    marked = sum(marked_unsupported(s) for s in slugs) * 2
+    print(
+        f"{len(slugs) * 2} commands checked ({marked} refused: unsupported here), {len(failures)} failure(s)"
+    )
     return 1 if failures else 0
 
 

@@ -263,6 +263,8 @@ def _registry_entry(name: str) -> Any:
         )
     if looks_like_path(name):  # a path that does not exist is no registry miss
         raise missing_directory(name)
-    from dflash_zoo.zoo.registry import load_registry
+    from dflash_zoo.zoo.registry import load_registry, refuse_unrunnable
 
-    return load_registry().resolve(name)
+    entry = load_registry().resolve(name)
+    refuse_unrunnable(entry)  # listed, but not a pair dflash-zoo can run
+    return entry

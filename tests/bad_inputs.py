@@ -317,9 +317,20 @@ CASES: dict[str, Case] = {
         "serve tiny-unsupported --engine vllm --dry-run", 1, "unsupported here", hub=True
     ),
     "serve-json-error": case("serve qwen3-8b --engine vllm --tp 0 --dry-run --json", 2, "--tp"),
+    "serve-marked-entry": case(
+        "serve alpamayo-r1-10b --engine sglang --dry-run", 1, "marked unsupported here", torch_free=True
+    ),
     # ---- pull -----------------------------------------------------------------------------------------
     "pull-no-id": case("pull", 2, "Missing argument 'MODEL_ID'"),
     "pull-registry-typo": case("pull qwen3-8bb", 1, "no registry entry named 'qwen3-8bb'", torch_free=True),
+    # a published drafter dflash-zoo lists but cannot run: refused with its reason, not "no registry entry"
+    "pull-marked-entry": case(
+        "pull alpamayo-1.5-10b --json", 1, "marked unsupported here", "mask embedding", torch_free=True
+    ),
+    "pull-unsupported-entry": case("pull tiny-unsupported --dry-run", 1, "never runs here", hub=True),
+    "generate-marked-entry": case("generate x -t alpamayo-1.5-10b", 1, "marked unsupported here"),
+    "chat-marked-entry": case("chat glm-5.3-flash", 1, "marked unsupported here", "glm5_next"),
+    "bench-marked-entry": case("bench alpamayo-r1-10b", 1, "marked unsupported here"),
     "pull-repo-with-target": case("pull org/name --with-target", 2, "--with-target needs a registry id"),
     "pull-force-offline": case(
         "pull tiny-test --force --offline", 2, "needs the network", hub=True, chatter=True

@@ -11,14 +11,15 @@ from dflash_zoo.adapters import find_adapter
 from dflash_zoo.errors import InvalidArgumentError, NotFoundError, OfflineError
 from dflash_zoo.zoo import check as check_mod
 from dflash_zoo.zoo.check import CheckReport, check_pair
-from dflash_zoo.zoo.registry import write_lock
+from dflash_zoo.zoo.registry import load_registry, write_lock
 
 pytest_plugins = ["tests.hub_fixtures"]  # hub_env: a loopback Hub server (never the network)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 # every golden pair (where the drafter's config is not public, a gated or preview one, only its target is here)
 GOOD = sorted(p.name for p in FIXTURES.iterdir() if (p / "draft.json").is_file())
-ENTRIES = sorted(p.name for p in FIXTURES.iterdir() if (p / "target.json").is_file())
+SLUGS = [e.slug for e in load_registry()]  # every registry entry, with or without a golden config
+MARKED = [e.slug for e in load_registry() if e.declared_status == "unsupported-here"]  # listed, not runnable
 SHA = "1234567890abcdef1234567890abcdef12345678"
 
 
@@ -239,13 +240,20 @@ def test_report_is_json_ready():
 
 
 def test_golden_fixtures_cover_every_entry():
-    from dflash_zoo.zoo.registry import load_registry
-
+    """A golden target.json for every entry whose target shape is known; the others (no public source gives
+    the shape) are unsupported-here with a null shape, and have no fixture at all: none is made up."""
     reg = load_registry()
-    slugs = {e.slug for e in reg}
-    assert {p.name for p in FIXTURES.iterdir() if (p / "target.json").is_file()} == slugs
+    shaped = {e.slug for e in reg if e.target.known}
+    assert {p.name for p in FIXTURES.iterdir() if (p / "target.json").is_file()} == shaped
+    for e in reg:
+        if e.slug not in shaped:
+            assert e.status == e.declared_status == "unsupported-here", e.slug
+            assert (e.target.hidden_size, e.target.num_hidden_layers, e.target.vocab_size) == (None,) * 3
+            assert not (FIXTURES / e.slug).exists(), e.slug
     known = {
-        e.slug for e in reg if None not in (e.draft.block_size, e.draft.target_layer_ids, e.draft.num_layers)
+        e.slug
+        for e in reg
+        if e.slug in shaped and None not in (e.draft.block_size, e.draft.target_layer_ids, e.draft.num_layers)
     }
     assert set(GOOD) == known  # a draft.json for every drafter whose config is public
 
@@ -282,18 +290,20 @@ def _cli_check(*args: str) -> tuple[int, str]:
         return code, streams[0].getvalue().decode() + streams[1].getvalue().decode()
 
 
-@pytest.mark.parametrize("slug", ENTRIES)
+@pytest.mark.parametrize("slug", SLUGS)
 def test_cli_offline_check_of_every_entry(slug):
     """`check --offline` with nothing cached: exit 0 for a pair the registry can vouch for, exit 3 with the
-    reason for one it cannot (drafter config unknown, family adapter missing)."""
+    reason for one it cannot (target shape not public, drafter config unknown, family adapter missing)."""
     from dflash_zoo.adapters import find_adapter
-
-    from dflash_zoo.zoo.registry import load_registry
 
     e = load_registry().resolve(slug)
     unknown = None in (e.draft.block_size, e.draft.target_layer_ids, e.draft.num_layers)
     code, out = _cli_check("--target", slug, "--offline")
-    if unknown:
+    if e.declared_status == "unsupported-here":
+        assert code == 3 and "unverified" in out and "unsupported-here:" in out, out
+    if not e.target.known:
+        assert "not public" in " ".join(out.split()), out
+    elif unknown:
         assert code == 3 and "unverified" in out and "does not know its" in out, out
     elif find_adapter(e.adapter) is None:
         assert code == 3 and "no adapter for model_type" in out, out
@@ -312,6 +322,36 @@ def test_cli_offline_check_by_repo_and_json():
         and "gated" in row["detail"]
         and "dflash-zoo pull minimax-m2.5" in row["detail"]
     )
+
+
+@pytest.mark.parametrize("slug", MARKED)
+def test_marked_entries_are_unverified_with_their_reason(slug):
+    """An entry its author marked unsupported-here: exit 3, a FAIL status row carrying the whole reason, and
+    no hint to `pull` its slug (pull refuses it); a target shape that is not public stays null in the report."""
+    e = load_registry().resolve(slug)
+    code, out = _cli_check("--target", slug, "--offline", "--json")
+    data = json.loads(out[: out.rindex("}") + 1])
+    assert code == 3 and data["verdict"] == "unverified" and data["entry"] == slug
+    status = [r for r in data["rows"] if r["check"] == "status"]
+    assert status == [{"check": "status", "status": "FAIL", "detail": f"unsupported-here: {e.reason}"}]
+    assert f"dflash-zoo pull {slug}" not in out
+    assert (data["target_fingerprint"]["hidden_size"] is None) == (not e.target.known)
+    failed = {r["check"] for r in data["rows"] if r["status"] == "FAIL"}
+    assert failed == {"adapter", "status", "draft config" if e.target.known else "target config"}
+
+
+def test_a_config_without_the_text_shape_is_unverified_not_an_error(tmp_path):
+    """A registered target whose shape is not public: its own config (the Alpamayo release's carries no text
+    shape) leaves the pair unverified; a drafter paired with another target is unverified too (its width is
+    its target's)."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "alpamayo1_5"}))
+    report = check_pair("alpamayo-1.5-10b", config=tmp_path / "config.json", offline=True)
+    row = next(r for r in report.rows if r.check == "target config")
+    assert report.verdict == "unverified" and row.status == "FAIL" and "lacks it" in row.detail
+    report = check_pair("qwen3-8b", draft="alpamayo-1.5-10b", offline=True)
+    row = next(r for r in report.rows if r.check == "draft config")
+    assert report.verdict == "unverified" and "text shape is not public" in row.detail
+    assert "dflash-zoo pull z-lab/Alpamayo-1.5-10B-DFlash" in row.detail  # the repo id, not the refused slug
 
 
 def test_vlm_registry_config_is_nested():

@@ -167,6 +167,24 @@ def test_serve_refuses_unsupported_and_missing_engine(zoo_registry, hub_env, tmp
     assert missing.code == 1 and "vllm" in missing.stderr and "pip install" in missing.stderr
 
 
+def test_pull_refuses_an_entry_marked_unsupported_but_not_its_repo_id(zoo_registry, hub_env):
+    """`pull SLUG` of an entry its author marked unsupported-here fetches nothing and names the reason (as
+    `serve` refuses it); the drafter's exact repo id still fetches that repo alone, with no pin."""
+    from dflash_zoo.zoo.registry import read_lock
+
+    hub_env.add_file("zoo-test/other-draft", "config.json", b"{}")
+    hub_env.reset_log()
+    for flags in ([], ["--dry-run"], ["--with-target"]):
+        run = cli("pull", "tiny-unsupported", *flags)
+        assert run.code == 1 and run.stdout == "", run.stderr
+        assert "tiny-unsupported is marked unsupported here: test entry that never runs here" in run.stderr
+        assert "`dflash-zoo pull zoo-test/other-draft`" in run.stderr
+    assert hub_env.requests == [] and not zh.repo_cache_dir("zoo-test/other-draft").exists()
+    by_id = cli("pull", "zoo-test/other-draft", "-q")
+    assert by_id.code == 0 and by_id.stdout.strip().endswith(hub_env.commit("zoo-test/other-draft"))
+    assert read_lock() == {}
+
+
 @pytest.mark.parametrize("command", ["pull", "rm", "env", "serve"])
 def test_help_has_examples_and_environment(command):
     run = cli(command, "--help")

@@ -172,6 +172,34 @@ def test_info_shows_architecture_and_uploads():
     )
 
 
+MARKED = ("glm-5.3-flash", "alpamayo-r1-10b", "alpamayo-1.5-10b")  # published, listed, not runnable here
+
+
+def test_list_shows_the_entries_marked_unsupported_here():
+    """Published drafters dflash-zoo cannot run are listed with their status, in the table and in JSON."""
+    rows = {line.split()[0]: line.split() for line in run("list").stdout.splitlines()[1:]}
+    for slug in MARKED:
+        assert "unsupported-here" in rows[slug], rows[slug]
+    assert rows["alpamayo-1.5-10b"][3:5] == ["dflash", "8"] and rows["glm-5.3-flash"][3:5] == ["dflash2", "8"]
+    data = {d["slug"]: d for d in json.loads(run("list", "alpamayo*", "--json").stdout)}
+    assert set(data) == {"alpamayo-r1-10b", "alpamayo-1.5-10b"}
+    one = data["alpamayo-1.5-10b"]
+    assert one["status"] == one["declared_status"] == "unsupported-here" and "mask embedding" in one["reason"]
+    assert one["target"] == {"model_type": "alpamayo1_5", "hidden_size": None, "num_hidden_layers": None,
+                             "vocab_size": None}  # fmt: skip
+
+
+def test_info_of_a_marked_entry_shows_its_facts_and_reason():
+    e = load_registry().resolve("alpamayo-1.5-10b")
+    out = " ".join(run("info", "alpamayo-1.5-10b").stdout.split())
+    assert f"status unsupported-here ({e.reason})" in out
+    assert "hidden size not public layers not public vocab not public" in out
+    assert "shape from not public" in out and "taps [24, 30, 31, 32, 34]" in out and "block size 8" in out
+    assert "dflash-zoo pull alpamayo-1.5-10b" not in out  # `pull` refuses it: no hint to run it
+    flash = " ".join(run("info", "glm-5.3-flash").stdout.split())
+    assert "hidden size 4096 layers 45 vocab 154880" in flash and "no glm5_next adapter" in flash
+
+
 def test_list_no_match_and_bad_flags():
     result = run("list", "nothing*")
     assert result.exit_code == 0 and result.stdout == "" and "no entry matches" in result.stderr

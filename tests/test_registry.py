@@ -22,10 +22,13 @@ PUBLISHED = (
     "qwen3-4b qwen3-8b llama3.1-8b-instruct qwen3-coder-30b-a3b qwen3-coder-next gpt-oss-20b gpt-oss-120b "
     "qwen3.5-4b qwen3.5-9b qwen3.5-27b qwen3.5-35b-a3b qwen3.5-122b-a10b qwen3.6-27b qwen3.6-35b-a3b "
     "kimi-k2.5 minimax-m2.5 gemma4-31b-it gemma4-26b-a4b-it qwen3.5-397b-a17b qwen3.8-27b muse-glimmer-30b "
-    "kimi-k2.6 minimax-m2.7 glm-5.1-fp8 glm-5.3 gemma4-12b-it kimi-k2.7-code laguna-s-2.1 laguna-xs-2.1"
+    "kimi-k2.6 minimax-m2.7 glm-5.1-fp8 glm-5.3 gemma4-12b-it kimi-k2.7-code laguna-s-2.1 laguna-xs-2.1 "
+    "glm-5.3-flash alpamayo-r1-10b alpamayo-1.5-10b"
 ).split()
+MARKED = {"glm-5.3-flash", "alpamayo-r1-10b", "alpamayo-1.5-10b"}  # listed, not runnable: the author's status
+SHAPE_NOT_PUBLIC = {"alpamayo-r1-10b", "alpamayo-1.5-10b"}  # no public config gives their target's text shape
 # taps that do not follow the default rule (docs/method.md §2)
-EXPLICIT_TAPS = {"qwen3-coder-next", "qwen3.8-27b", "laguna-s-2.1"}
+EXPLICIT_TAPS = {"qwen3-coder-next", "qwen3.8-27b", "laguna-s-2.1", "alpamayo-1.5-10b"}
 FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 
 
@@ -70,9 +73,13 @@ def test_builtin_file_is_packaged_and_complete(registry):
 
 @pytest.mark.parametrize("slug", PUBLISHED)
 def test_adapter_rule(registry, slug):
-    """supported/preview only when the adapter exists; otherwise unsupported-here with a reason."""
+    """supported/preview only when the adapter exists; otherwise unsupported-here with a reason (the author's
+    own for an entry marked so, else the missing adapter)."""
     e = registry.resolve(slug)
-    if find_adapter(e.adapter) is None:
+    assert (e.declared_status == "unsupported-here") == (slug in MARKED)
+    if slug in MARKED:
+        assert e.status == "unsupported-here" and e.reason and "no adapter for model_type" not in e.reason
+    elif find_adapter(e.adapter) is None:
         assert e.status == "unsupported-here"
         assert e.reason == f"no adapter for model_type {e.adapter} in this install"
     else:
@@ -85,8 +92,11 @@ def test_fingerprint_self_consistent(registry, slug):
     e = registry.resolve(slug)
     t, d = e.target, e.draft
     assert canonical_model_type(e.adapter) == canonical_model_type(t.model_type)
+    assert t.known == (slug not in SHAPE_NOT_PUBLIC)
+    if not t.known:  # nothing to bound the taps and mask id by; the notes say why the shape is null
+        assert e.status == "unsupported-here" and "not public" in e.reason and "no public config" in e.notes
     if d.target_layer_ids is not None:
-        assert 0 <= min(d.target_layer_ids) and max(d.target_layer_ids) < t.num_hidden_layers
+        assert 0 <= min(d.target_layer_ids) and (not t.known or max(d.target_layer_ids) < t.num_hidden_layers)
         if slug not in EXPLICIT_TAPS:
             assert list(d.target_layer_ids) == default_target_layer_ids(
                 t.num_hidden_layers, len(d.target_layer_ids)
@@ -174,6 +184,77 @@ def test_bad_documents(tmp_path):
         path.write_text(text)
         with pytest.raises(ConfigError, match=match):
             load_registry(path)
+
+
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size")
+
+
+@pytest.mark.parametrize("status", ["supported", "preview"])
+@pytest.mark.parametrize("key", SHAPE_KEYS)
+def test_null_target_shape_only_on_unsupported_here(tmp_path, status, key):
+    """A null (not public) target shape fact is refused on a runnable entry, naming the entry and field."""
+    raw = entry_dict("shapeless", status=status, reason="why" if status == "preview" else None)
+    raw["target"][key] = None
+    with pytest.raises(ConfigError, match=rf"'shapeless'.*'target\.{key}' is null.*'unsupported-here'"):
+        load_registry(write_extra(tmp_path, raw))
+
+
+def unsupported_dict(slug: str = "listed", **target_over) -> dict:
+    """An entry marked unsupported-here whose target shape is not public (null), with its reason and notes."""
+    why = {"reason": "no class builds the target", "notes": "shape not public"}
+    raw = entry_dict(slug, status="unsupported-here", **why)
+    raw["target"].update(dict.fromkeys(SHAPE_KEYS), **target_over)
+    return raw
+
+
+def test_unsupported_here_entry_may_leave_the_target_shape_null(tmp_path):
+    e = load_registry(write_extra(tmp_path, unsupported_dict())).resolve("listed")
+    assert (e.target.hidden_size, e.target.num_hidden_layers, e.target.vocab_size) == (None, None, None)
+    assert not e.target.known and e.status == e.declared_status == "unsupported-here"
+    assert e.reason == "no class builds the target"
+    reg = load_registry(write_extra(tmp_path, unsupported_dict()))
+    assert reg.by_fingerprint("qwen3", None, None, None) == []  # an unknown shape matches no config
+
+
+@pytest.mark.parametrize(
+    "over,message",
+    [
+        ({"notes": None}, r"'listed'.*'notes' must say why"),
+        ({"draft_over": {"target_layer_ids": [-1, 3]}}, r"'listed'.*draft\.target_layer_ids.*\[0, \.\.\.\)"),
+        ({"draft_over": {"mask_token_id": -2}}, r"'listed'.*draft\.mask_token_id.*-2"),
+        ({"target_over": {"hidden_size": 0}}, r"'listed'.*target\.hidden_size.*positive"),
+    ],
+)
+def test_unknown_shape_still_checks_what_it_can(tmp_path, over, message):
+    """Notes must explain the null shape; taps and mask ids stay non-negative, with nothing to bound them."""
+    raw = unsupported_dict(**over.get("target_over", {}))
+    raw["draft"].update(over.get("draft_over", {}))
+    if "notes" in over:
+        del raw["notes"]
+    with pytest.raises(ConfigError, match=message):
+        load_registry(write_extra(tmp_path, raw))
+    raw = unsupported_dict()
+    raw["draft"].update(target_layer_ids=[24, 300], mask_token_id=None)  # no depth known to bound them
+    assert load_registry(write_extra(tmp_path, raw)).resolve("listed").draft.target_layer_ids == (24, 300)
+
+
+def test_missing_shape_field_says_when_it_may_be_null(tmp_path):
+    raw = entry_dict("vague")
+    del raw["target"]["vocab_size"]
+    with pytest.raises(ConfigError, match=r"missing field 'target\.vocab_size' \(null if not public: "):
+        load_registry(write_extra(tmp_path, raw))
+
+
+def test_refuse_unrunnable_only_for_entries_marked_so(tmp_path):
+    """The author's unsupported-here is refused with its reason; a downgrade for a missing adapter is not."""
+    from dflash_zoo.errors import UnsupportedModelError
+
+    future = entry_dict("future", adapter="no_such_family")
+    reg = load_registry(write_extra(tmp_path, unsupported_dict(), future))
+    reg_mod.refuse_unrunnable(reg.resolve("future"))  # downgraded only: the engines can still serve it
+    with pytest.raises(UnsupportedModelError, match="listed is marked unsupported here: no class") as err:
+        reg_mod.refuse_unrunnable(reg.resolve("listed"))
+    assert "dflash-zoo info listed" in err.value.hint
 
 
 def test_missing_adapter_downgrades(tmp_path):
@@ -324,7 +405,8 @@ def test_revisions_are_main_or_pinned_and_say_so(registry):
 def test_big_targets_carry_tensor_parallel_hints(registry):
     hinted = {e.slug for e in registry if e.tp_hint > 1}
     assert hinted == {"kimi-k2.5", "qwen3.5-122b-a10b", "minimax-m2.5", "qwen3-coder-next", "qwen3.5-397b-a17b",
-                      "kimi-k2.6", "minimax-m2.7", "glm-5.1-fp8", "glm-5.3", "kimi-k2.7-code"}  # fmt: skip
+                      "kimi-k2.6", "minimax-m2.7", "glm-5.1-fp8", "glm-5.3", "kimi-k2.7-code",
+                      "glm-5.3-flash"}  # fmt: skip
     for e in registry:  # a parameter count is known, or the entry says it is not
         assert e.target_params_b or "parameter count" in e.notes, e.slug
     assert registry.resolve("minimax-m2.5").shape_from == "MiniMaxAI/MiniMax-M2"
@@ -338,7 +420,8 @@ def test_draft_licence_is_the_drafter_cards_and_sourced(registry):
     docs = (Path(__file__).parents[1] / "docs" / "families.md").read_text()
     known = {e.slug: e.draft_license for e in registry if e.draft_license is not None}
     assert known == {"qwen3-coder-next": "mit", "qwen3.8-27b": "apache-2.0", "kimi-k2.6": "mit",
-                     "glm-5.3": "cc-by-nc-nd-4.0", "kimi-k2.7-code": "nvidia-open-model-license"}  # fmt: skip
+                     "glm-5.3": "cc-by-nc-nd-4.0", "kimi-k2.7-code": "nvidia-open-model-license",
+                     "glm-5.3-flash": "cc-by-nc-nd-4.0", "alpamayo-1.5-10b": "nvidia-license"}  # fmt: skip
     for slug in known:
         assert registry.resolve(slug).draft_repo in docs
 
@@ -368,7 +451,7 @@ def test_architectures_come_from_the_drafter_registry(registry):
 
     assert {e.draft.architecture for e in registry} <= set(ARCHS)
     assert {e.slug for e in registry if e.draft.architecture == "dflash2"} == {
-        "qwen3.8-27b", "muse-glimmer-30b", "glm-5.3"
+        "qwen3.8-27b", "muse-glimmer-30b", "glm-5.3", "glm-5.3-flash"
     }  # fmt: skip
 
 
@@ -430,6 +513,9 @@ def test_registry_facts_match_the_golden_configs(registry, slug):
     from dflash_zoo.zoo.revisions import identify
 
     e = registry.resolve(slug)
+    if not e.target.known:  # the target's shape is not public: no golden config could hold it
+        assert not (FIXTURES / slug).exists() and e.status == "unsupported-here", slug
+        return
     target = json.loads((FIXTURES / slug / "target.json").read_text())
     assert fingerprint(target, find_adapter(target["model_type"]) or TargetAdapter) == e.target
     if not (FIXTURES / slug / "draft.json").is_file():  # drafter config not public: nothing known to compare

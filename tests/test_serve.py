@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ENTRIES = [e.slug for e in load_registry()]
 REFUSED = {("minimax-m2.5", "sglang"), ("minimax-m2.7", "sglang")}  # SGLang <= 0.5.23: no minimax_m2 capture
 UNKNOWN_BLOCK = {e.slug for e in load_registry() if e.draft.block_size is None}
+# listed but not runnable (the author's unsupported-here): `serve` refuses them with their reason
+MARKED = {e.slug for e in load_registry() if e.declared_status == "unsupported-here"}
 SHA_D, SHA_T = "d" * 40, "e" * 40
 
 
@@ -41,6 +43,11 @@ def test_every_entry_and_engine(slug, engine):
     entry = load_registry().resolve(slug)
     code, out, err = serve(slug, engine, "--json")
     human = serve(slug, engine)
+    if slug in MARKED:  # no command: the reason, on stderr and (with --json) as the JSON error
+        why = f"{slug} is marked unsupported here: {entry.reason}"
+        assert code == 1 and human[0] == 1 and human[1] == "" and json.loads(out)["error"] == why
+        assert why in " ".join(err.split()) and why in " ".join(human[2].split())
+        return
     if (slug, engine) in REFUSED:
         assert code == 3 and human[0] == 3
         assert "cannot serve" in err and "vllm" in err  # the reason and what would work
@@ -73,6 +80,34 @@ def test_every_entry_and_engine(slug, engine):
     assert ("--trust-remote-code" in argv) == (entry.adapter == "kimi_k25")
     assert doc["tensor_parallel"] == entry.tp_hint
     assert ("--revision" in argv) is False  # no target is pinned: every target revision is main
+
+
+def _ci_module():
+    """.ci/engine_parsers.py, imported as a module (it imports the engines only inside its checks)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("engine_parsers", ROOT / ".ci" / "engine_parsers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ci_engine_step_lists_marked_entries_as_refused(monkeypatch, capsys):
+    """The CI engine-parser step does not skip a marked entry: it expects `serve` to refuse it (exit 1, naming
+    the reason) and prints it as refused; a marked entry that `serve` accepted would fail the step."""
+    from dataclasses import asdict
+
+    ci = _ci_module()
+    monkeypatch.setattr(ci, "registry", lambda: {e.slug: asdict(e) for e in load_registry()})
+    monkeypatch.setattr(ci, "serve_json", lambda slug, engine: serve(slug, engine, "--json"))
+    assert MARKED  # the registry lists published drafters it cannot run
+    for slug in sorted(MARKED):
+        for engine in sv.ENGINES:
+            assert ci.check_pair(slug, engine) == []
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 2 * len(MARKED) and all("refused (unsupported here)" in line for line in printed)
+    monkeypatch.setattr(ci, "serve_json", lambda slug, engine: (0, {"argv": []}, ""))  # a stale refusal
+    assert ci.check_pair(sorted(MARKED)[0], "vllm")
 
 
 def test_big_targets_get_tensor_parallel_hints():

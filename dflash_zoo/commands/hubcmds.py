@@ -2,9 +2,10 @@
 
 `pull` and `rm` take registry ids (slug or alias: the entry's drafter, plus its target with `--with-target`)
 or exact Hub repo ids, which always act on that repo, even when it is some entry's target (`jobs_for`); each
-says which repos it touches before touching them. `resolve` (registry first, for any name) is kept for
-`serve`. Data goes to stdout (paths, tables, byte counts, JSON); progress and hints go to stderr. Torch is
-imported only by `env`, lazily.
+says which repos it touches before touching them. `pull` refuses the registry id of an entry its author marked
+unsupported-here, with the reason, before any Hub call (as `serve` does); its exact repo ids still fetch.
+`resolve` (registry first, for any name) is kept for `serve`. Data goes to stdout (paths, tables, byte counts,
+JSON); progress and hints go to stderr. Torch is imported only by `env`, lazily.
 
 Longer than the ~300 lines we aim for: `pull`, `rm` and `env` share name resolution and their human and JSON reports.
 """
@@ -160,6 +161,7 @@ def pull(model_id, with_target, revision, dry_run, offline, verify, force, quiet
 
 def _pull(model_id, with_target, revision, dry_run, offline, verify, force, quiet, as_json) -> None:
     jobs = jobs_for(model_id, with_target, revision)
+    _refuse_unrunnable(jobs[0].entry)
     offline = offline or hub.is_offline()
     if offline and force:
         raise click.UsageError("--force fetches files again and needs the network: drop --offline")
@@ -191,6 +193,17 @@ def _pull(model_id, with_target, revision, dry_run, offline, verify, force, quie
             _record_pins(jobs[: len(results)], results)
         raise
     _show_results(plans, results, as_json, quiet, _record_pins(jobs, results) if entry is not None else None)
+
+
+def _refuse_unrunnable(entry: Any) -> None:
+    """A registry id its author marked unsupported-here is not fetched (as `serve` refuses it); an exact repo
+    id still fetches that repo alone."""
+    if entry is None:
+        return
+    from dflash_zoo.zoo.registry import refuse_unrunnable
+
+    hint = f"an exact repo id fetches that repo alone: `dflash-zoo pull {entry.draft_repo}`"
+    refuse_unrunnable(entry, hint=hint)
 
 
 def _check_cached(plans: list[hub.PullPlan], verify: bool, force: bool, name: str, loud: bool) -> list[set]:

@@ -237,9 +237,9 @@ def precheck_models(target: str | None, draft: str | None, registry: bool = True
     check_model_paths(target, draft)
     local = target is not None and os.path.isdir(os.path.expanduser(target))
     if registry and target and draft is None and not local:
-        from dflash_zoo.zoo.registry import load_registry
+        from dflash_zoo.zoo.registry import load_registry, refuse_unrunnable
 
-        load_registry().resolve(target)  # NotFoundError with the nearest ids
+        refuse_unrunnable(load_registry().resolve(target))  # NotFoundError with the nearest ids; unrunnable
     if local:
         from dflash_zoo.engine.target_files import check_target_dir
 
@@ -356,13 +356,14 @@ def pull_missing(name: str) -> None:
     from dflash_zoo.output import human_size
     from dflash_zoo.sources import DRAFT_FILES
     from dflash_zoo.zoo import hub
-    from dflash_zoo.zoo.registry import load_registry
+    from dflash_zoo.zoo.registry import load_registry, refuse_unrunnable
 
     if os.path.isdir(name):
         return
     if looks_like_path(name):  # as for --target: a path that does not exist is no registry miss
         raise missing_directory(name)
     entry = load_registry().resolve(name)
+    refuse_unrunnable(entry)  # before anything is downloaded
     jobs = [(entry.draft_repo, locked_revision(entry), DRAFT_FILES), (entry.target_repo, None, TARGET_FILES)]
     for repo, rev, patterns in jobs:
         plan = hub.plan_pull(repo, rev, allow_patterns=patterns, name=name)

@@ -12,7 +12,7 @@ import click
 
 from dflash_zoo.commands.hubcmds import HUB_ENV, Ref, resolve
 from dflash_zoo.commands.serve_checks import check_overrides
-from dflash_zoo.errors import IncompatiblePairError, UnsupportedModelError, ZooError
+from dflash_zoo.errors import IncompatiblePairError, ZooError
 from dflash_zoo.output import emit_json, hint, info
 from dflash_zoo.zoo import hub
 
@@ -79,7 +79,7 @@ def _serve_spec(ref: Ref, engine: str, target, port, tp, block_size, extra: tupl
     A plain repo id only warns (no registry check) and gets the engine's default recipe.
     """
     from dflash_zoo.zoo import serve as sv
-    from dflash_zoo.zoo.registry import read_pins
+    from dflash_zoo.zoo.registry import read_pins, refuse_unrunnable
 
     entry = ref.entry
     if entry is None:
@@ -90,11 +90,7 @@ def _serve_spec(ref: Ref, engine: str, target, port, tp, block_size, extra: tupl
         block = block_size or _config_block_size(ref.repo_id, None)
         recipe = sv.recipe_for("", engine)
         return sv.ServeSpec(target, ref.repo_id, block, None, port, extra, None, recipe, tp or 1), ref.name
-    if entry.declared_status == "unsupported-here":
-        raise UnsupportedModelError(
-            f"{entry.slug} is marked unsupported here: {entry.reason}",
-            hint="`dflash-zoo list` shows the entries that can be served",
-        )
+    refuse_unrunnable(entry, hint="`dflash-zoo list` shows the entries that can be served")  # author-marked
     if entry.status == "unsupported-here":  # dflash-zoo's own adapter is missing: the engine needs none
         hint(
             f"dflash-zoo itself cannot run {entry.slug} here ({entry.reason}); {engine} serves it on its own"

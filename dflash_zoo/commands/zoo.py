@@ -50,6 +50,11 @@ def _unknown(v: Any) -> str:
     return "unknown" if v is None else str(v)
 
 
+def _not_public(v: Any) -> str:
+    """A target shape fact: null only on an unsupported-here entry, where no public source gives it."""
+    return "not public" if v is None else str(v)
+
+
 def _entry_json(entry: Entry, lock: dict) -> dict[str, Any]:
     """The entry's fields, whether its drafter is cached, its lock record and both pinned commits.
 
@@ -215,6 +220,18 @@ def _uploads(e: Entry) -> str:
     return "; ".join(f"{r.label}" + (f" ({r.commit})" if r.commit else "") for r in e.revisions)
 
 
+def _shape_source(e: Entry) -> str:
+    """Where the target's fingerprint came from: its own config, another repo's, or nowhere public."""
+    if not e.target.known:
+        return "not public (the entry is unsupported here)"
+    return e.shape_from or "its own config.json"
+
+
+def _pull_hint(e: Entry, tail: str) -> str:
+    """` (`dflash-zoo pull ID <tail>)`, or nothing for an entry `pull` refuses (marked unsupported here)."""
+    return "" if e.declared_status == "unsupported-here" else f" (`dflash-zoo pull {e.slug} {tail})"
+
+
 def _info_demo(as_json: bool) -> None:
     """The embedded demo pair's folders (`train --target DIR`, `eval --target DIR`); `dflash-zoo env` too."""
     from dflash_zoo import demo
@@ -233,7 +250,7 @@ def _print_info(e: Entry, data: dict[str, Any]) -> None:
     locked, pins = data["locked"] or {}, data["pins"]
     pulled = f" (pulled {locked['pulled_at']})" if locked.get("pulled_at") else ""
     draft_pin = pins["draft"] + pulled if pins["draft"] else "not pulled"
-    target_pin = pins["target"] or f"not pulled (`dflash-zoo pull {e.slug} --with-target` records it)"
+    target_pin = pins["target"] or f"not pulled{_pull_hint(e, '--with-target` records it')}"
     taps = "unknown" if d.target_layer_ids is None else str(list(d.target_layer_ids))
     kwargs = ", ".join(f"{k}={v}" for k, v in e.chat_template_kwargs.items()) or "default template"
     adapter = (
@@ -242,9 +259,10 @@ def _print_info(e: Entry, data: dict[str, Any]) -> None:
     tf = f">= {req['transformers']}" if req["transformers"] else "n/a (no adapter)"
     sections = {
         "Target": [("repo", e.target_repo), ("revision", getattr(e, "target_revision", None) or "main"),
-                   ("pinned commit", target_pin), ("model_type", t.model_type), ("hidden size", t.hidden_size),
-                   ("layers", t.num_hidden_layers), ("vocab", t.vocab_size),
-                   ("shape from", e.shape_from or "its own config.json"),
+                   ("pinned commit", target_pin), ("model_type", t.model_type),
+                   ("hidden size", _not_public(t.hidden_size)), ("layers", _not_public(t.num_hidden_layers)),
+                   ("vocab", _not_public(t.vocab_size)),
+                   ("shape from", _shape_source(e)),
                    ("variants", ", ".join(e.variants) or "-")],
         "Draft": [("repo", e.draft_repo), ("revision", e.draft_revision),
                   ("pinned commit", draft_pin), ("architecture", data["architecture"]),
@@ -257,7 +275,7 @@ def _print_info(e: Entry, data: dict[str, Any]) -> None:
                      ("gated", _gated(e)), ("license", f"{e.license} (target)"),
                      ("draft license", e.draft_license or "unknown: see the drafter's model card"),
                      ("quantization", (req["quantization"] or {}).get("detail") or "unknown: target config "
-                      f"not cached (`dflash-zoo pull {e.slug} --with-target`)")],
+                      f"not cached{_pull_hint(e, '--with-target`')}")],
         "Cache paths": [("hf cache", cache["hub_cache"]), ("draft", cache["draft"]),
                         ("installed", "yes" if data["installed"] else "no"), ("target", cache["target"]),
                         ("lock file", cache["lock_file"])],

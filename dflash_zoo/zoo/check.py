@@ -12,8 +12,11 @@ that lists its known uploads, which upload the config is (`zoo/revisions.py`).
 
 The verdict is "incompatible" when any row is FAIL; WARN rows keep it "compatible". A registered drafter whose
 config is out of reach and whose fingerprint the registry does not know gives the verdict "unverified" with the
-reason in a FAIL row. Failing to obtain a config otherwise raises a `ZooError` (exit 1); the CLI maps
-"incompatible" and "unverified" to exit 3.
+reason in a FAIL row; so does a registered target whose text shape is not public (an unsupported-here entry)
+when no config at hand gives it. Failing to obtain a config otherwise raises a `ZooError` (exit 1); the CLI
+maps "incompatible" and "unverified" to exit 3. An unsupported-here entry's reason is a FAIL "status" row.
+
+A little over the ~300 lines we aim for: the report, its three verdicts and every row kind read together.
 """
 
 from __future__ import annotations
@@ -25,10 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from dflash_zoo import drafters
-from dflash_zoo.adapters import canonical_model_type, supported_model_types
+from dflash_zoo.adapters import canonical_model_type, find_adapter, supported_model_types
 from dflash_zoo.adapters.base import MASK_UNKNOWN, Problem, TargetAdapter
 from dflash_zoo.engine.config import DraftConfig
-from dflash_zoo.zoo.check_sources import Side, UnknownDraftConfig, resolve_draft, resolve_target
+from dflash_zoo.zoo.check_sources import (
+    Side,
+    UnknownDraftConfig,
+    UnknownTargetShape,
+    resolve_draft,
+    resolve_target,
+)
 from dflash_zoo.zoo.registry import (
     DraftFingerprint,
     Entry,
@@ -93,7 +102,10 @@ def check_pair(
 
     reg = registry or load_registry()
     offline = hub.is_offline() if offline is None else offline
-    tcfg, tside, fp, cls = resolve_target(reg, target, config, offline)
+    try:
+        tcfg, tside, fp, cls = resolve_target(reg, target, config, offline)
+    except UnknownTargetShape as exc:
+        return _unknown_target(exc, target)
     try:
         dside, dcfg, notes = resolve_draft(reg, draft, draft_config, tside, fp, offline)
     except UnknownDraftConfig as exc:
@@ -116,12 +128,28 @@ def _unverified(
     """The report for a registered drafter that cannot be checked: target rows, the reason, and the next step."""
     e = exc.entry
     rows = _adapter_rows(fp.model_type, cls) + [CheckRow("draft config", "FAIL", f"{exc} ({exc.hint})")]
-    if e.status != "supported":
-        rows.append(CheckRow("status", "WARN", f"{e.status}: {e.reason}"))
+    rows += _status_rows(e)
     side = Side(e.draft_repo, f"registry {e.slug} (draft fingerprint unknown)", e, None)
     return CheckReport(
         tuple(rows), "unverified", target, e.draft_repo, e.slug, tside.source, side.source, fp, e.draft
     )
+
+
+def _unknown_target(exc: UnknownTargetShape, target: str) -> CheckReport:
+    """The report for a registered target whose text shape is not public: the adapter, why, and the reason."""
+    e = exc.entry
+    rows = _adapter_rows(e.target.model_type, find_adapter(e.target.model_type))
+    rows += [CheckRow("target config", "FAIL", f"{exc} ({exc.hint})"), *_status_rows(e)]
+    sources = (f"registry {e.slug} (target shape not public)", f"registry {e.slug}")
+    return CheckReport(tuple(rows), "unverified", target, e.draft_repo, e.slug, *sources, e.target, e.draft)
+
+
+def _status_rows(e: Entry) -> list[CheckRow]:
+    """A preview's reason warns; an unsupported-here entry's reason fails (dflash-zoo cannot run it)."""
+    if e.status == "supported":
+        return []
+    severity = "FAIL" if e.status == "unsupported-here" else "WARN"
+    return [CheckRow("status", severity, f"{e.status}: {e.reason}")]
 
 
 # ---- rows ------------------------------------------------------------------------------------------

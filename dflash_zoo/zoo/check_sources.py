@@ -3,7 +3,9 @@
 Target, first found: `config=` file; `target` is a local dir (or a .json file); the repo's `config.json` in
 the HF cache (a registry id means its target repo; the commit `pull --with-target` pinned first, then main);
 the registry's target fingerprint (target resolved by slug, alias, repo id or variant; no download); the Hub
-(`config.json` only, never when offline).
+(`config.json` only, never when offline). A registered target whose text shape the registry does not know (an
+unsupported-here entry: not public) and whose config is not at hand, or lacks the shape, raises
+`UnknownTargetShape`: `check` reports the pair as unverified, with the entry's reason.
 Draft, first found: `draft_config=` file; `draft` is a local dir; the draft repo's `config.json` in the HF
 cache (locked commit from lock.json, else the entry's revision); the Hub at that revision (unless offline);
 the registry's draft fingerprint, with a note saying the config itself was not seen. A registered drafter whose
@@ -11,6 +13,8 @@ config cannot be seen and whose fingerprint the registry does not know (a gated 
 architecture dflash-zoo does not run) raises `UnknownDraftConfig`: `check` reports the pair as unverified.
 Without `draft`, the drafter is the target's registry entry (by name, else by config fingerprint).
 Failures raise `ZooError` subclasses with a next step.
+
+A little over the ~300 lines we aim for: both sides' source orders, and the configs built from registry facts.
 """
 
 from __future__ import annotations
@@ -31,6 +35,14 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 class UnknownDraftConfig(OfflineError):
     """A registered drafter's config is out of reach and the registry lacks its fingerprint."""
+
+    def __init__(self, message: str, hint: str, entry: Entry):
+        super().__init__(message, hint=hint)
+        self.entry = entry
+
+
+class UnknownTargetShape(OfflineError):
+    """A registered target's text shape is not public and no config at hand gives it."""
 
     def __init__(self, message: str, hint: str, entry: Entry):
         super().__init__(message, hint=hint)
@@ -61,12 +73,15 @@ def resolve_target(
             f"{name} is a drafter; pass it as --draft and its target as --target",
             hint=f"`dflash-zoo info {name}` names its target",
         )
-    cfg, source = _target_config(name, config, named[0] if named else None, offline, reg)
+    entry = named[0] if named else None
+    cfg, source = _target_config(name, config, entry, offline, reg)
     cls = find_adapter(str(cfg.get("model_type", "")))
     try:
         fp = fingerprint(cfg, cls or TargetAdapter)
-    except ConfigError as exc:  # name the file it came from
-        raise ConfigError(f"{source}: {exc}", hint=exc.hint) from exc
+    except ConfigError as exc:
+        if entry is not None and not entry.target.known:  # its own config lacks the shape too
+            raise _unknown_shape(entry, f"{source} lacks it ({exc})") from exc
+        raise ConfigError(f"{source}: {exc}", hint=exc.hint) from exc  # name the file it came from
     return cfg, Side(name, source, *(named or _by_fingerprint(reg, fp))), fp, cls
 
 
@@ -93,6 +108,8 @@ def _target_config(
             if cached is not None:
                 return _read_json(cached), f"hf cache {repo}" + (f"@{rev}" if rev else "")
     if entry is not None:
+        if not entry.target.known:  # nothing to build a config from; the Hub's would lack it as well
+            raise _unknown_shape(entry, "no config.json of it is cached")
         return registry_config(entry), f"registry {entry.slug} (target fingerprint)"
     if not REPO_ID.match(name):
         reg.resolve(name)  # raises NotFoundError with the nearest registry names
@@ -102,6 +119,14 @@ def _target_config(
             hint="pass --config FILE, or run without --offline / HF_HUB_OFFLINE",
         )
     return _read_json(_hub_config(name, None)), f"hub {name}"
+
+
+def _unknown_shape(entry: Entry, why: str) -> UnknownTargetShape:
+    return UnknownTargetShape(
+        f"the registry does not know the text shape of {entry.target_repo} (not public), and {why}",
+        f"pass --config FILE with the target's text shape; `dflash-zoo info {entry.slug}` says what is known",
+        entry,
+    )
 
 
 def resolve_draft(
@@ -149,7 +174,9 @@ def _remote_draft(side: Side, repo: str, offline: bool, L: int) -> tuple[Side, D
     synth = _fingerprint_draft(entry) if entry else None
     if synth is None:
         gated = " (gated repo: needs a token)" if entry and entry.gated else ""
-        hint = f"`dflash-zoo pull {entry.slug if entry else repo}` while online, or pass --draft-config FILE"
+        # `pull` refuses the slug of an entry marked unsupported here; its drafter repo id still works
+        name = entry.slug if entry and entry.declared_status != "unsupported-here" else repo
+        hint = f"`dflash-zoo pull {name}` while online, or pass --draft-config FILE"
         if entry is None:
             raise OfflineError(
                 f"no config for drafter {repo}: {why}, and it is not in the registry", hint=hint
@@ -264,6 +291,8 @@ def _unknown_facts(entry: Entry) -> str:
         return "its architecture is not one dflash-zoo runs (see `dflash-zoo info` notes)"
     names = {"block_size": "block size", "target_layer_ids": "taps", "num_layers": "depth"}
     missing = [label for key, label in names.items() if getattr(d, key) is None]
+    if not entry.target.known:  # the drafter's width and vocabulary are its target's
+        missing.append("width and vocabulary (its target's text shape is not public)")
     return f"the registry does not know its {', '.join(missing)}"
 
 
@@ -271,6 +300,8 @@ def _fingerprint_draft(entry: Entry) -> DraftConfig | None:
     """A DraftConfig from registry facts; only the fingerprint fields are meaningful. None if incomplete."""
     d, t = entry.draft, entry.target
     if d.block_size is None or d.target_layer_ids is None or d.num_layers is None or d.architecture is None:
+        return None
+    if not t.known:  # a drafter's width and vocabulary are its target's
         return None
     n = d.num_layers
     return DraftConfig(

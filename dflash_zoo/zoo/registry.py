@@ -9,6 +9,9 @@ Contract:
   in this install (`dflash_zoo.adapters.find_adapter(entry.adapter)` is None) is loaded as
   "unsupported-here" with reason "no adapter for model_type X in this install", so the status stays true
   as adapters land or fail to import.
+- Entries the author marked "unsupported-here" (`declared_status`) are published drafters dflash-zoo lists but
+  cannot run; their target shape may be unknown (`TargetFingerprint.known`). `refuse_unrunnable` is the one
+  refusal every command that would fetch, serve or run one raises (`UnsupportedModelError`, with the reason).
 - `Registry.resolve(name)` tries slug, alias, target repo, draft repo, then variant repo, each an exact
   case-insensitive match; never a substring or prefix. `by_fingerprint` matches target config shapes.
 - `read_lock` / `write_lock` keep `$DFLASH_ZOO_HOME/lock.json`: {slug: {draft_repo, draft_revision,
@@ -34,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from dflash_zoo.drafters import arch_names
-from dflash_zoo.errors import ConfigError, NotFoundError
+from dflash_zoo.errors import ConfigError, NotFoundError, UnsupportedModelError
 from dflash_zoo.paths import zoo_home
 from dflash_zoo.zoo.revisions import Revision, parse_revisions
 from dflash_zoo.zoo.schema import STATUSES, parse_document  # noqa: F401  (STATUSES re-exported)
@@ -44,12 +47,18 @@ log = logging.getLogger("dflash_zoo")
 
 @dataclass(frozen=True)
 class TargetFingerprint:
-    """Shape of the target's text model: what a drafter must match."""
+    """Shape of the target's text model: what a drafter must match. None: not public (an unsupported-here
+    entry only, `zoo/schema.py`)."""
 
     model_type: str
-    hidden_size: int
-    num_hidden_layers: int
-    vocab_size: int
+    hidden_size: int | None
+    num_hidden_layers: int | None
+    vocab_size: int | None
+
+    @property
+    def known(self) -> bool:
+        """Whether every shape fact is known (a config can be built and compared from it)."""
+        return None not in (self.hidden_size, self.num_hidden_layers, self.vocab_size)
 
 
 @dataclass(frozen=True)
@@ -154,11 +163,12 @@ class Registry:
     def by_fingerprint(
         self, model_type: str, hidden_size: int, num_hidden_layers: int, vocab_size: int
     ) -> list[Entry]:
-        """Entries whose target has this shape; model types are compared through adapter aliases."""
+        """Entries whose target has this shape; model types are compared through adapter aliases. An entry
+        whose target shape is not public matches nothing."""
         from dflash_zoo.adapters import canonical_model_type
 
         want = (canonical_model_type(model_type), hidden_size, num_hidden_layers, vocab_size)
-        return [e for e in self.entries if _fingerprint_key(e.target) == want]
+        return [e for e in self.entries if e.target.known and _fingerprint_key(e.target) == want]
 
     def match(self, pattern: str | None) -> list[Entry]:
         """Entries with any name matching the glob `pattern` (case-insensitive); all when None."""
@@ -282,6 +292,18 @@ def _apply_adapter_rule(entry: Entry) -> Entry:
     reason = f"no adapter for model_type {entry.adapter} in this install"
     log.debug("registry entry %s: %s", entry.slug, reason)
     return replace(entry, status="unsupported-here", reason=reason)
+
+
+def refuse_unrunnable(entry: Entry, hint: str | None = None) -> None:
+    """Raise `UnsupportedModelError` with the reason for an entry its author marked unsupported-here:
+    dflash-zoo lists it, but fetching, serving or running it by its registry id is refused. An entry only
+    downgraded for a missing adapter in this install passes (the engines bring their own model code)."""
+    if entry.declared_status != "unsupported-here":
+        return
+    raise UnsupportedModelError(
+        f"{entry.slug} is marked unsupported here: {entry.reason}",
+        hint=hint or f"`dflash-zoo info {entry.slug}` shows what is known and what is missing",
+    )
 
 
 # ---- zoo state -------------------------------------------------------------------------------------
