@@ -124,9 +124,9 @@ def test_fast_options_read_the_environment_in_one_place():
 
     env = {"DFLASH_ZOO_KERNELS": "0", "DFLASH_ZOO_TUNE": "0", "DFLASH_ZOO_MOE_ROWS": "4",
            "DFLASH_ZOO_GEMV_ROWS": "99", "DFLASH_ZOO_GDN_VERIFY": "chunk", "DFLASH_ZOO_FLA": "0",
-           "DFLASH_ZOO_FP8": "w8a8"}  # fmt: skip
+           "DFLASH_ZOO_FP8": "w8a8", "DFLASH_ZOO_PDL": "0"}  # fmt: skip
     got = FastOptions.from_env(env)
-    assert set(ENV) == set(env) and got.fp8 == "w8a8"
+    assert set(ENV) == set(env) and got.fp8 == "w8a8" and got.dependent_launch is False
     assert (got.kernels, got.tune, got.auto_moe_rows, got.gemv_rows, got.gdn_verify, got.fla) == (
         False,
         False,

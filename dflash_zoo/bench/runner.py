@@ -249,6 +249,7 @@ def _engine_settings(eng: Any) -> dict[str, Any]:
         "gemv_configs": gemv.tuned_configs() if k.gemv else None,  # (rows, K tile, programs/SM, warps)
         "fused_ops": k.fused_ops,
         "moe_rows": k.moe_rows,
+        "dependent_launch": k.dependent_launch,
         "expert_configs": moe.tuned_configs() if k.moe_rows else None,  # (rows, K tile, warps)
         # an FP8 target's projections (cuda/static/fp8.py): the mode, and the FP8 kernels' timed configs
         **({"fp8": k.fp8, "fp8_configs": fp8.tuned_configs() or None} if eng.target.fp8_weights else {}),

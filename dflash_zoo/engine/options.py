@@ -27,6 +27,7 @@ ENV = {
     "DFLASH_ZOO_GDN_VERIFY": "gdn_verify",  # chunk: Gated-DeltaNet verifies through the chunked rule
     "DFLASH_ZOO_FLA": "fla",  # 0: never flash-linear-attention's kernels
     "DFLASH_ZOO_FP8": "fp8",  # weight_only / w8a8 / torch: how an FP8 target's projections run
+    "DFLASH_ZOO_PDL": "dependent_launch",  # 0: each kernel waits for the previous one to end before it starts
 }
 
 
@@ -56,6 +57,9 @@ class FastOptions:
             dequantized in registers, 16-bit products: exact up to the sums' rounding), "w8a8" (2+ rows on the
             FP8 tensor cores, activations quantized per 128 columns) or "torch" (dequantize, then matmul: the
             reference). None: weight_only where the Triton kernels run, else torch.
+        dependent_launch: a step's Triton kernels launched so that each may start while the previous one
+            drains, waiting for it before reading its output (programmatic dependent launch, compute
+            capability >= 9.0; `DFLASH_ZOO_PDL`). None: on where the Triton kernels are the default.
     """
 
     graphs: bool | None = None
@@ -75,6 +79,7 @@ class FastOptions:
     fla: bool = True
     tune: bool = True
     fp8: str | None = None
+    dependent_launch: bool | None = None
 
     def __post_init__(self) -> None:
         if self.gdn_verify not in GDN_VERIFY:
@@ -117,7 +122,7 @@ def _parse(var: str, text: str) -> Any:
     """An environment variable's value as its field's type (`ENV`): switches are off at "0"; rows are
     integers (GEMV rows clamped to 1..16, as always); GDN verify is "chunk" or else recurrent; FP8 one of `FP8`."""
     name = ENV[var]
-    if name in ("kernels", "tune", "fla"):
+    if name in ("kernels", "tune", "fla", "dependent_launch"):
         return text != "0"
     if name == "gdn_verify":
         return "chunk" if text == "chunk" else "recurrent"

@@ -21,7 +21,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from dflash_zoo.cuda.ops.runtime import pow2, sms
+from dflash_zoo.cuda.ops.runtime import launch_mode, pow2, sms
 
 TILE = 32  # keys per inner iteration
 MAX_CHUNKS = 64  # partial results per (head, row) that the merge kernel reads at once
@@ -84,12 +84,12 @@ def split_kv_attention(
     partial, merge = _kernels()[:2]
     ieee = q.dtype == torch.float32
     warps = 4 if big_r * big_d <= 8192 else 8  # e.g. 8:1 GQA x 16-row blocks: a [128, 128] fp32 accumulator
-    meta = dict(R=big_r, D=big_d, N=TILE, IEEE=ieee, num_warps=warps)
+    meta = dict(R=big_r, D=big_d, N=TILE, IEEE=ieee, num_warps=warps, **launch_mode(q))
     partial[(kvh, n_chunks)](q, k, v, bias, po, pm, pl, scale, rows, keys, hd, chunk, n_chunks, **meta)
     s = sinks.contiguous() if sinks is not None else pm  # unread without SINK
     merge[(kvh, rows)](
         po, pm, pl, s, out, rows, hd, n_chunks, max(tokens, 1), R=big_r, D=big_d, C=pow2(n_chunks, 1),
-        SINK=sinks is not None, UNGROUP=tokens > 0,
+        SINK=sinks is not None, UNGROUP=tokens > 0, **launch_mode(q),
     )  # fmt: skip
     return out
 

@@ -5,10 +5,15 @@ combines the chunks' partial softmaxes (with a sink logit per row where asked)."
 import triton
 import triton.language as tl
 
+from dflash_zoo.cuda.ops.launch_kernels import allow_next, wait_previous
+
 
 @triton.jit
 def partial(Q, K, V, Bias, PO, PM, PL, scale, rows, keys, hd, chunk, n_chunks,
-            R: tl.constexpr, D: tl.constexpr, N: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+            R: tl.constexpr, D: tl.constexpr, N: tl.constexpr, IEEE: tl.constexpr,
+            PDL: tl.constexpr = 0):  # fmt: skip
+    allow_next(PDL)
+    wait_previous(PDL)
     h, c = tl.program_id(0), tl.program_id(1)  # KV head, key chunk
     r, d = tl.arange(0, R), tl.arange(0, D)
     rok, dok = r < rows, d < hd
@@ -53,7 +58,9 @@ def partial(Q, K, V, Bias, PO, PM, PL, scale, rows, keys, hd, chunk, n_chunks,
 
 @triton.jit
 def merge(PO, PM, PL, Sinks, Out, rows, hd, n_chunks, tokens, R: tl.constexpr, D: tl.constexpr, C: tl.constexpr,
-          SINK: tl.constexpr, UNGROUP: tl.constexpr):  # fmt: skip
+          SINK: tl.constexpr, UNGROUP: tl.constexpr, PDL: tl.constexpr = 0):  # fmt: skip
+    allow_next(PDL)
+    wait_previous(PDL)
     h, row = tl.program_id(0), tl.program_id(1)
     c, d = tl.arange(0, C), tl.arange(0, D)
     cok = c < n_chunks

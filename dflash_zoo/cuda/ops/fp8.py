@@ -40,7 +40,7 @@ from dflash_zoo.cuda.ops.fp8_format import (  # noqa: F401  (the format, re-expo
     quantize_rows,
 )
 from dflash_zoo.cuda.ops.gemv import ACT_OPS
-from dflash_zoo.cuda.ops.runtime import available, graph_ms, pow2, split_k, tunes
+from dflash_zoo.cuda.ops.runtime import available, graph_ms, launch_mode, pow2, split_k, tunes
 
 log = logging.getLogger("dflash_zoo")
 
@@ -140,7 +140,7 @@ def _gemv_parts(x, weight, scales, g, config, act: int, in_parts: bool, dtype) -
     _kernels()[0][(out_blocks, splits)](
         weight, scales, x, g, x, part, n, k, k_split, scales.stride(0), in_splits, in_plane, DT=_kernels()[3][dtype],
         BN=bn, BK=bk, ACT=act, SCALE=False, BLOCKS=True, PREFETCH=mode == PREFETCH, IN_PARTS=in_parts,
-        ROW_SUMS=mode == ROW_SUMS, num_warps=warps,
+        ROW_SUMS=mode == ROW_SUMS, num_warps=warps, **launch_mode(x),
     )  # fmt: skip
     return part
 
@@ -191,7 +191,7 @@ def _launch(x, weight, scales, bias, gate, config, act: int, in_parts: bool, dty
     out = torch.empty(shape, device=x.device, dtype=dtype)
     b = bias if bias is not None else part
     _kernels()[2][(-(-flat // 256),)](
-        part, b, out, flat, splits, n, BLOCK=256, S=pow2(splits, 1), BIAS=bias is not None
+        part, b, out, flat, splits, n, BLOCK=256, S=pow2(splits, 1), BIAS=bias is not None, **launch_mode(x)
     )  # fmt: skip
     return out
 

@@ -26,7 +26,7 @@ import functools
 
 import torch
 
-from dflash_zoo.cuda.ops.runtime import pow2
+from dflash_zoo.cuda.ops.runtime import launch_mode, pow2
 
 
 @functools.cache
@@ -82,7 +82,7 @@ def rope_store(
     _kernels()[0][(t, heads + 2 * kvh)](
         qkv, qw, kw, cos, sin, positions, q, k_cache, v_cache, t, qkv.shape[-1], keys, heads, kvh, hd,
         cos.shape[-1], eps, qspan, offset, splits, D=pow2(hd), NORM=norm, FP32_WEIGHT=fp32_weight, V_NORM=v_norm,
-        K_EQ_V=k_eq_v, PARTS=parts,
+        K_EQ_V=k_eq_v, PARTS=parts, **launch_mode(qkv),
     )  # fmt: skip
     return q
 
@@ -103,7 +103,7 @@ def _norm_launch(x, delta, bias, weight, gate, total, y, eps, fp32_weight, offse
         x, delta if add else x, more if more is not None else x, bias if bias is not None else weight, weight, gate,
         total if add else y, y, n, delta.shape[0] if parts else 1, more.shape[0] if more is not None else 0, eps,
         offset, post, D=d, FP32_WEIGHT=fp32_weight, GATED=gated, ADD=add, PARTS=parts, MORE=more is not None,
-        BIAS=bias is not None, POST=post != 1.0, num_warps=4 if d <= 2048 else 8,
+        BIAS=bias is not None, POST=post != 1.0, num_warps=4 if d <= 2048 else 8, **launch_mode(x),
     )  # fmt: skip
 
 

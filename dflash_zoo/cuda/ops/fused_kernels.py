@@ -4,6 +4,8 @@ and `slices_sum`, which the sandwich kernel shares."""
 import triton
 import triton.language as tl
 
+from dflash_zoo.cuda.ops.launch_kernels import allow_next, wait_previous
+
 
 @triton.jit
 def slices_sum(P, at, mask, splits, plane, U: tl.constexpr = 4):
@@ -19,7 +21,9 @@ def slices_sum(P, at, mask, splits, plane, U: tl.constexpr = 4):
 @triton.jit
 def rope_store(QKV, QW, KW, Cos, Sin, Pos, Q, K, V, rows, width, keys, heads, kvh, hd, rot, eps, qspan,
                offset, splits, D: tl.constexpr, NORM: tl.constexpr, FP32_WEIGHT: tl.constexpr, V_NORM: tl.constexpr,
-               K_EQ_V: tl.constexpr, PARTS: tl.constexpr):  # fmt: skip
+               K_EQ_V: tl.constexpr, PARTS: tl.constexpr, PDL: tl.constexpr = 0):  # fmt: skip
+    allow_next(PDL)
+    wait_previous(PDL)
     t, j = tl.program_id(0), tl.program_id(1)  # row; head slot: q heads, then k heads, then v heads
     d = tl.arange(0, D)
     dok = d < hd
@@ -74,7 +78,9 @@ def rope_store(QKV, QW, KW, Cos, Sin, Pos, Q, K, V, rows, width, keys, heads, kv
 @triton.jit
 def rms_norm(X, Dl, Dm, B, W, G, S, Y, n, splits, more, eps, offset, post, D: tl.constexpr,
              FP32_WEIGHT: tl.constexpr, GATED: tl.constexpr, ADD: tl.constexpr, PARTS: tl.constexpr,
-             MORE: tl.constexpr, BIAS: tl.constexpr, POST: tl.constexpr):  # fmt: skip
+             MORE: tl.constexpr, BIAS: tl.constexpr, POST: tl.constexpr, PDL: tl.constexpr = 0):  # fmt: skip
+    allow_next(PDL)
+    wait_previous(PDL)
     row, d = tl.program_id(0), tl.arange(0, D)
     ok = d < n
     x = tl.load(X + row * n + d, mask=ok, other=0.0)

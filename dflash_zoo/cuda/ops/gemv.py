@@ -25,7 +25,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from dflash_zoo.cuda.ops.runtime import graph_ms, pow2, split_k, tunes
+from dflash_zoo.cuda.ops.runtime import graph_ms, launch_mode, pow2, split_k, tunes
 
 log = logging.getLogger("dflash_zoo")
 
@@ -95,7 +95,7 @@ def _gemv_parts(x, weight, gate, config, bias=None, direct: bool = False, scale=
         _kernels()[0][(blocks, splits)](
             weight, x, x, g, scale if scale is not None else x, part, n, k, k_split, 0, in_splits, in_plane,
             DT=_kernels()[3][weight.dtype], BN=bn, BK=bk, ACT=act, SCALE=scale is not None, BLOCKS=False,
-            PREFETCH=bool(config[4]), IN_PARTS=in_parts, num_warps=warps,
+            PREFETCH=bool(config[4]), IN_PARTS=in_parts, num_warps=warps, **launch_mode(x),
         )  # fmt: skip
         return part
     if scale is not None:
@@ -131,8 +131,9 @@ def _gemv_launch(x, weight, bias, gate, config, act: int = 1, in_parts: bool = F
     out = torch.empty(shape, device=x.device, dtype=weight.dtype if in_parts else x.dtype)
     b = bias if bias is not None else part
     _kernels()[1][(-(-n // 256),)](
-        part, b, out, n, splits, weight.shape[0], BLOCK=256, S=pow2(splits, 1), BIAS=bias is not None
-    )
+        part, b, out, n, splits, weight.shape[0], BLOCK=256, S=pow2(splits, 1), BIAS=bias is not None,
+        **launch_mode(part),
+    )  # fmt: skip
     return out
 
 

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from dflash_zoo.cuda.ops.fused_kernels import slices_sum
+from dflash_zoo.cuda.ops.launch_kernels import allow_next, wait_previous
 
 TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
@@ -56,13 +57,15 @@ def scaled_input(X, Gate, s_row, k0, cols, cok, k_in, in_splits, in_plane, DT: t
 def gemv_part(W, S, X, Gate, Scale, Part, n_out, k_in, k_split, s_stride, in_splits, in_plane,
               DT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ACT: tl.constexpr, SCALE: tl.constexpr,
               BLOCKS: tl.constexpr, PREFETCH: tl.constexpr, IN_PARTS: tl.constexpr,
-              ROW_SUMS: tl.constexpr = 0):  # fmt: skip
+              ROW_SUMS: tl.constexpr = 0, PDL: tl.constexpr = 0):  # fmt: skip
     """Rows [BN] of W x over one K slice -> their fp32 partial sums. DT: the activations' dtype (a gated or
     summed input's rounding). BLOCKS: W is float8_e4m3fn with fp32 scales S per 128 x 128 block (rows
     `s_stride` apart; BN divides 128). PREFETCH: each iteration issues the next weight tile's load before it
     multiplies the current one, so two tiles are in flight per program. ROW_SUMS (not with PREFETCH): each
     iteration reduces its products to [BN] row sums, a [BN] accumulator in place of [BN, BK] (fewer registers:
-    more programs per SM; 3-6% faster on the FP8 GEMVs of an 8B shape, one H100)."""
+    more programs per SM; 3-6% faster on the FP8 GEMVs of an 8B shape, one H100). PDL: the slice's first
+    weight tile is loaded before waiting for the previous kernel (`runtime.launch_mode`)."""
+    allow_next(PDL)
     pn, ps = tl.program_id(0), tl.program_id(1)  # output rows, K slice
     rows = pn * BN + tl.arange(0, BN)
     rok = rows < n_out
@@ -73,6 +76,7 @@ def gemv_part(W, S, X, Gate, Scale, Part, n_out, k_in, k_split, s_stride, in_spl
     if PREFETCH:
         cols = k_lo + tl.arange(0, BK)
         w = tl.load(w_rows + cols[None, :], mask=rok[:, None] & (cols < k_in)[None, :], other=0.0)
+        wait_previous(PDL)
         for k0 in range(k_lo, k_hi, BK):
             cols = k0 + tl.arange(0, BK)
             nxt = cols + BK
@@ -87,6 +91,8 @@ def gemv_part(W, S, X, Gate, Scale, Part, n_out, k_in, k_split, s_stride, in_spl
             cols = k0 + tl.arange(0, BK)
             cok = cols < k_in
             w = tl.load(w_rows + cols[None, :], mask=rok[:, None] & cok[None, :], other=0.0)
+            if k0 == k_lo:  # the first tile's weights in flight, then the input may be read
+                wait_previous(PDL)
             x = scaled_input(X, Gate, s_row, k0, cols, cok, k_in, in_splits, in_plane, DT, BK, ACT, IN_PARTS,
                              BLOCKS)  # fmt: skip
             if ROW_SUMS:
@@ -136,7 +142,9 @@ def gemm_part(W, X, Gate, Part, Bias, n_rows, n_out, k_in, k_split, x_stride, g_
 
 @triton.jit
 def gemv_sum(Part, Bias, Out, n_out, splits, n_bias, BLOCK: tl.constexpr, S: tl.constexpr,
-             BIAS: tl.constexpr):  # fmt: skip
+             BIAS: tl.constexpr, PDL: tl.constexpr = 0):  # fmt: skip
+    allow_next(PDL)
+    wait_previous(PDL)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # flat [rows x N] outputs
     rok = rows < n_out
     s = tl.arange(0, S)

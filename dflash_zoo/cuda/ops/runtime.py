@@ -4,14 +4,21 @@ sizes, the tuner's switch and timer, and the guard every CUDA graph capture runs
 The kernels run on CUDA, or anywhere under Triton's interpreter (`TRITON_INTERPRET=1`, the CPU tests), which
 Triton reads itself: `interpreting` asks Triton rather than the environment. Triton is imported on first use
 only, so importing an op module needs no triton.
+
+Programmatic dependent launch (Hopper on): under `dependent_launches(True)` the kernels that take a `PDL`
+flag (`launch_mode`) are launched so that they may start while the kernel before them drains; each lets the
+next one start as it begins (`launch_kernels.allow_next`) and waits for the one before (`wait_previous`) before
+it reads anything that kernel may have written. Only weights, which no step writes, are read before the wait.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import gc
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -41,6 +48,31 @@ def available(device: torch.device) -> str | None:
 def pow2(n: int, least: int = 16) -> int:
     """The smallest power of two >= n and >= `least` (Triton block sizes are powers of two)."""
     return max(least, 1 << (n - 1).bit_length())
+
+
+@functools.cache
+def _capability_of(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+_DEPENDENT = contextvars.ContextVar("dflash_zoo_dependent_launch", default=False)
+
+
+@contextlib.contextmanager
+def dependent_launches(on: bool) -> Iterator[None]:
+    """Kernels launched inside may start before the previous kernel ends (`launch_mode`), where `on`."""
+    token = _DEPENDENT.set(on)
+    try:
+        yield
+    finally:
+        _DEPENDENT.reset(token)
+
+
+def launch_mode(t: torch.Tensor) -> dict[str, Any]:
+    """A `PDL`-flagged kernel's launch arguments for a launch on t's device: dependent (the flag, and Triton's
+    `launch_pdl`) inside `dependent_launches(True)` on a CUDA GPU of compute capability >= 9.0, else not."""
+    on = _DEPENDENT.get() and t.is_cuda and _capability_of(t.device.index or 0) >= (9, 0)
+    return {"PDL": 1, "launch_pdl": True} if on else {"PDL": 0}
 
 
 @functools.cache

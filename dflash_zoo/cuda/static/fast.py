@@ -182,7 +182,10 @@ class FastEngine(Engine):
         fn = getattr(self, f"_{name}_step")  # _spec_step, _ar_step, _draft_step, _drafter_step
         fn = private_code(fn) if self.compile else fn  # compiled: a dynamo cache of this engine's own
         # one graph per step kind, decoding mode and proposal rule (eval switches a DFlash 2 selector off)
-        self.steps.run((name, sampler, self.drafter.use_selector), lambda: partial(fn, sampler))
+        key, build = (name, sampler, self.drafter.use_selector), lambda: partial(fn, sampler)
+        # dependent launches in one-row steps only: an 8B shape's AR step 5% faster, blocks none (an early
+        # start of a 16-row step's kernels cost 16%; one H100, docs/performance.md)
+        self.steps.run(key, build, dependent=self.kernels.dependent_launch and name == "ar")
 
     def replays(self, prompt_ids: list[int], cfg: GenerationConfig, step: str) -> Callable[[int], None]:
         """For profiling: after a prefill of `prompt_ids`, a function that runs `step` n times back to back

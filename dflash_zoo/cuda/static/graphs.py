@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from dflash_zoo.cuda.ops.runtime import no_collection
+from dflash_zoo.cuda.ops.runtime import dependent_launches, no_collection
 
 Step = Callable[[], None]
 
@@ -54,8 +54,13 @@ class Steps:
         self._graphs: dict[Hashable, Any] = {}
         self.capture_seconds = self.compile_seconds = 0.0
 
-    def run(self, key: Hashable, build: Callable[[], Step]) -> None:
-        """Run the step `key`, building it with `build()` the first time it is asked for."""
+    def run(self, key: Hashable, build: Callable[[], Step], dependent: bool = False) -> None:
+        """Run the step `key`, building it with `build()` the first time it is asked for; with `dependent`
+        its kernels are launched (and captured) dependent (`runtime.dependent_launches`)."""
+        with dependent_launches(dependent):
+            self._run(key, build)
+
+    def _run(self, key: Hashable, build: Callable[[], Step]) -> None:
         if key not in self._fns:
             self._fns[key] = self._prepare(build())
         if not self.graphs:

@@ -34,7 +34,8 @@ W8A8_WARNING = "FP8 w8a8 kernels have not passed their GPU test; weight_only (th
 class Kernels:
     """The resolved choice: attention of one-row steps (`DECODE_ATTENTION`) and of blocks (`BLOCK_ATTENTION`),
     the GEMV for few-row projections, the fused elementwise kernels, the most rows a step may have for the
-    expert kernels to run its sparse MoE blocks (0: never), and how FP8 projections run (`options.FP8`)."""
+    expert kernels to run its sparse MoE blocks (0: never), how FP8 projections run (`options.FP8`), and
+    whether a step's kernels are launched dependent (`runtime.dependent_launches`; a no-op below Hopper)."""
 
     decode_attention: str
     block_attention: str
@@ -42,6 +43,7 @@ class Kernels:
     fused_ops: bool
     moe_rows: int
     fp8: str = "torch"
+    dependent_launch: bool = False
 
     def projections(self, options: FastOptions) -> Gemv:
         """How few-row projections run (`linear.Gemv`): the GEMV where chosen, for up to `gemv_rows` rows; FP8
@@ -74,7 +76,8 @@ def choose_kernels(device: torch.device, options: FastOptions) -> Kernels:
     for name, on in [("gemv", gemv), ("fused_ops", fused), (f"fp8={fp8!r}", fp8 != "torch")]:
         if on and why:
             raise ValueError(f"{name}: {why}")
-    return Kernels(decode, block, gemv, fused, _moe_rows(why, gemv, options), fp8)
+    dependent = triton_ok if options.dependent_launch is None else options.dependent_launch
+    return Kernels(decode, block, gemv, fused, _moe_rows(why, gemv, options), fp8, dependent)
 
 
 def _moe_rows(why: str | None, gemv: bool, options: FastOptions) -> int:
