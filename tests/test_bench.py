@@ -80,6 +80,7 @@ def test_bench_record_schema_and_projection(monkeypatch):
         "gemv_configs": None,
         "fused_ops": False,
         "moe_rows": 0,  # the switch in the environment applies only where the GEMV kernels run
+        "dependent_launch": False,  # CPU: the Triton kernels are not the default
         "expert_configs": None,
     }
     prov = rec["provenance"]
