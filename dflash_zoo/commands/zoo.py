@@ -229,7 +229,7 @@ def _shape_source(e: Entry) -> str:
 
 def _pull_hint(e: Entry, tail: str) -> str:
     """` (`dflash-zoo pull ID <tail>)`, or nothing for an entry `pull` refuses (marked unsupported here)."""
-    return "" if e.declared_status == "unsupported-here" else f" (`dflash-zoo pull {e.slug} {tail})"
+    return "" if e.listed_only else f" (`dflash-zoo pull {e.slug} {tail})"
 
 
 def _info_demo(as_json: bool) -> None:

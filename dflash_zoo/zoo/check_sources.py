@@ -175,7 +175,7 @@ def _remote_draft(side: Side, repo: str, offline: bool, L: int) -> tuple[Side, D
     if synth is None:
         gated = " (gated repo: needs a token)" if entry and entry.gated else ""
         # `pull` refuses the slug of an entry marked unsupported here; its drafter repo id still works
-        name = entry.slug if entry and entry.declared_status != "unsupported-here" else repo
+        name = entry.slug if entry and not entry.listed_only else repo
         hint = f"`dflash-zoo pull {name}` while online, or pass --draft-config FILE"
         if entry is None:
             raise OfflineError(

@@ -111,6 +111,13 @@ class Entry:
         return self.draft.architecture
 
     @property
+    def listed_only(self) -> bool:
+        """Marked unsupported-here by its author: listed, but refused by registry id (`refuse_unrunnable`).
+        An entry only downgraded for a missing adapter in this install is not (the engines bring their own
+        model code)."""
+        return self.declared_status == "unsupported-here"
+
+    @property
     def target_bf16_bytes(self) -> int | None:
         return None if self.target_params_b is None else int(self.target_params_b * 2e9)
 
@@ -296,9 +303,8 @@ def _apply_adapter_rule(entry: Entry) -> Entry:
 
 def refuse_unrunnable(entry: Entry, hint: str | None = None) -> None:
     """Raise `UnsupportedModelError` with the reason for an entry its author marked unsupported-here:
-    dflash-zoo lists it, but fetching, serving or running it by its registry id is refused. An entry only
-    downgraded for a missing adapter in this install passes (the engines bring their own model code)."""
-    if entry.declared_status != "unsupported-here":
+    dflash-zoo lists it, but fetching, serving or running it by its registry id is refused (`listed_only`)."""
+    if not entry.listed_only:
         return
     raise UnsupportedModelError(
         f"{entry.slug} is marked unsupported here: {entry.reason}",

@@ -84,12 +84,13 @@ def split_kv_attention(
     partial, merge = _kernels()[:2]
     ieee = q.dtype == torch.float32
     warps = 4 if big_r * big_d <= 8192 else 8  # e.g. 8:1 GQA x 16-row blocks: a [128, 128] fp32 accumulator
-    meta = dict(R=big_r, D=big_d, N=TILE, IEEE=ieee, num_warps=warps, **launch_mode(q))
+    mode = launch_mode(q)  # both kernels launch alike
+    meta = dict(R=big_r, D=big_d, N=TILE, IEEE=ieee, num_warps=warps, **mode)
     partial[(kvh, n_chunks)](q, k, v, bias, po, pm, pl, scale, rows, keys, hd, chunk, n_chunks, **meta)
     s = sinks.contiguous() if sinks is not None else pm  # unread without SINK
     merge[(kvh, rows)](
         po, pm, pl, s, out, rows, hd, n_chunks, max(tokens, 1), R=big_r, D=big_d, C=pow2(n_chunks, 1),
-        SINK=sinks is not None, UNGROUP=tokens > 0, **launch_mode(q),
+        SINK=sinks is not None, UNGROUP=tokens > 0, **mode,
     )  # fmt: skip
     return out
 
