@@ -148,6 +148,42 @@ def test_engine_is_reusable_and_stops():
     assert res.output_ids == first[: first.index(stop) + 1] and res.stop_reason == "stop_token"
 
 
+@pytest.mark.parametrize("mode", ["autoregressive", "speculative"])
+def test_each_step_is_launched_before_the_host_reads_the_one_before(mode, monkeypatch):
+    """A step's successor is queued before the host waits for the step, unless the run could end with it by
+    length (so a generation that ends by length runs no step it does not read); a stop token leaves at most
+    one step unread. The tokens are those of a generation with no successor queued ahead."""
+    adapter, drafter = _pair("qwen3")
+    eng = fast_engine(adapter, drafter, MASK, max_len=64, graphs=False)
+    prompt, cfg = _prompts(1)[0], GenerationConfig(max_new_tokens=12)
+    want = eng.speculative(prompt, cfg).output_ids
+    assert eng.autoregressive(prompt, cfg).output_ids == want
+    log, step, pipelined = [], eng._run_step, eng._pipelined
+
+    def launch(name, sampler):
+        log.append("launch")
+        step(name, sampler)
+
+    def reads(*args):
+        for row in pipelined(*args):
+            log.append("read")
+            yield row
+
+    monkeypatch.setattr(eng, "_run_step", launch)
+    monkeypatch.setattr(eng, "_pipelined", reads)
+    res = getattr(eng, mode)(prompt, cfg)
+    assert res.output_ids == want and res.stop_reason == "max_new_tokens"
+    assert log.count("launch") == log.count("read")  # ended by length: every step read
+    if mode == "autoregressive":  # 11 steps: each but the last launched ahead of the read before it
+        assert log == ["launch"] + ["launch", "read"] * 10 + ["read"]
+    else:
+        assert log[:3] == ["launch", "launch", "read"]
+    log.clear()
+    res = getattr(eng, mode)(prompt, replace(cfg, stop_token_ids=(want[5],)))
+    assert res.output_ids == want[: want.index(want[5]) + 1] and res.stop_reason == "stop_token"
+    assert log.count("launch") - log.count("read") in (0, 1)
+
+
 def test_the_matrix_holds_the_fast_path_families():
     """An empty or shrunken matrix would let every parametrised comparison pass by running nothing."""
     assert set(REQUIRED) <= set(STATIC_MODEL_TYPES)

@@ -293,11 +293,13 @@ def test_fp8_engine_equals_the_reference_projection_and_the_dequantized_target(i
     assert eng.speculative(prompt, cfg).output_ids == want
     assert eng.autoregressive(prompt, cfg).output_ids == want
     # one-row steps: q/k/v and gate/up as partial sums where fused, the down GEMV reading gate/up's (in_parts)
-    # and leaving its own to the next norm where it folds (layer 1); prefill and verify rows through the kernel
+    # and leaving its own to the next norm where it folds (layer 1); prefill rows through the kernel; verify
+    # blocks' q/k/v (fused) and folded o / down as the block kernel's partial sums
     ops = set(calls)
-    assert {("linear", 10, False), ("linear", 8, False)} <= ops
+    assert {("linear", 10, False), ("linear_parts", 8, False)} <= ops
     if fused:
         assert {("linear_parts", 1, False), ("linear", 1, True), ("linear_parts", 1, True)} <= ops
+        assert ("linear", 8, False) in ops  # gate/up: silu_mul reads its output
     else:  # unfused: one row each through the GEMV (o's partial sums to the norm), no partial-sum inputs
         assert {("linear", 1, False), ("linear_parts", 1, False)} <= ops and not any(i for *_, i in ops)
 

@@ -68,10 +68,12 @@ GEMV_CONFIGS = [
 # of 4,096 (an 8B shape's o_proj, one H100, docs/performance.md); the one-row tuner adds this cost per slice
 SUMMING_BYTES_PER_S = 90e9
 # 2..ROWS rows: (BM, BN, BK, programs per SM, warps, stages); per_sm 1 at wide N gives few K slices, one at
-# N / BN >= the SMs, written directly (no partial sums, no second kernel)
+# N / BN >= the SMs, written directly (no partial sums, no second kernel). BN 32 (more programs, thinner tiles)
+# won some of an 8B shape's verify-block projections on one H100; tiles of 64 rows (Hopper's wgmma, 16 rows
+# padded) and 8 warps never won there, so are not offered (docs/performance.md)
 GEMM_CONFIGS = [
     (16, bn, 128, per_sm, 4, stages) for bn in (128, 64) for per_sm in (1, 2, 4) for stages in (3, 2, 4)
-]
+] + [(16, 32, 128, per_sm, 4, stages) for per_sm in (2, 4) for stages in (3, 4)]
 # more rows (a prefill): one K slice
 PREFILL_CONFIGS = [(64, 128, 128, 0, 4, 3), (128, 128, 128, 0, 8, 3), (64, 64, 128, 0, 4, 4)]
 _tuned: dict[tuple, tuple[int, ...]] = {}
@@ -205,13 +207,15 @@ def _configs(rows: int, w8a8: bool) -> list[tuple]:
     return [(max(c[0], 64), *c[1:], 1) for c in table] if w8a8 else table
 
 
-def _summing_ms(x, weight, config) -> float:
-    """What one row's partial sums cost the kernel that reads them, for the tuner: the slices read as the
-    residual add reads them (`fused.add_rms_norm`, one program per row), at about SUMMING_BYTES_PER_S. Charged
-    to every one-row partial-sums tuning: the tuner does not know the reader (rope or the next GEMV read them
-    over many programs, so there it overstates the cost)."""
-    (n, k), (bn, bk, per_sm) = weight.shape, config[:3]
-    return split_k(n, k, bn, bk, per_sm, x)[1] * n * 4 / SUMMING_BYTES_PER_S * 1e3
+def _summing_ms(x, weight, config, rows: int) -> float:
+    """What a row's partial sums cost the kernel that reads them, for the tuner: the slices read as the
+    residual add reads them (`fused.add_rms_norm`, one program per row, the rows side by side), at about
+    SUMMING_BYTES_PER_S. Charged to every partial-sums tuning: the tuner does not know the reader (rope or the
+    next GEMV read them over many programs, so there it overstates the cost)."""
+    n, k = weight.shape
+    bn, bk, per_sm = config[:3] if rows == 1 else config[1:4]
+    splits = split_k(n, k, bn, bk, per_sm, x)[1] if per_sm else 1
+    return splits * n * 4 / SUMMING_BYTES_PER_S * 1e3
 
 
 def _config(x, weight, scales, gate, act, in_parts, dtype, w8a8, tune, parts=False) -> tuple:
@@ -235,7 +239,7 @@ def _config(x, weight, scales, gate, act, in_parts, dtype, w8a8, tune, parts=Fal
     times = {
         c: graph_ms(lambda c=c: (flush.zero_(), run(x, weight, scales, gate=gate, config=c)))
         - base
-        + (_summing_ms(x, weight, c) if parts and rows == 1 else 0.0)
+        + (_summing_ms(x, weight, c, rows) if parts else 0.0)
         for c in configs
     }
     _tuned[key] = best = min(times, key=times.get)
@@ -317,7 +321,8 @@ def linear_parts(
     tune: bool = True,
 ) -> torch.Tensor:
     """`linear` without its last kernel, for at most ROWS rows: fp32 partial sums [slices, rows, N] whose
-    in-order sum is the output before bias and rounding (`fused.add_rms_norm` sums them into the residual)."""
+    in-order sum is the output before bias and rounding (`fused.add_rms_norm` sums them into the residual,
+    `fused.rope_store` into q/k/v)."""
     x, gate, dtype = _inputs(x, weight, scales, gate, in_parts, dtype, ROWS)
     config = _config(x, weight, scales, gate, act, in_parts, dtype, w8a8, tune, parts=True)
     return _parts(x, weight, scales, gate, config, act, in_parts, dtype)

@@ -12,8 +12,9 @@ What differs from the eager loop, and why:
 - one step = draft a block + verify it + accept + append the verified rows' features to the drafter context,
   all on device with tensor positions, captured as one CUDA graph per decoding mode (greedy, or sampling with
   its settings: random numbers come from the engine's generator, registered with each graph); the host reads
-  back `na` and the tokens once per step (the only sync), which is also when they stream to the caller; taps
-  are written straight into one [1, B, K*H] buffer;
+  back `na` and the tokens once per step (the only sync), which is also when they stream to the caller, with
+  the next step already queued behind it where the run cannot end by length (`_pipelined`); taps are written
+  straight into one [1, B, K*H] buffer;
 - the whole block is always drafted and verified; near `max_new_tokens` only the slots that can still be
   committed count (`run.verify_width`), so steps match the eager engine's;
 - the drafter always sees the full B verified rows; only the first na + 1 get valid positions below the new
@@ -260,18 +261,11 @@ class FastEngine(Engine):
         self, prompt_ids: list[int], run: Run, override: AcceptOverride | None
     ) -> Iterator[list[int]]:
         sampler, b = sampler_of(run.cfg), self.block
-        host = torch.zeros(b + 1, dtype=torch.long, pin_memory=self.device.type == "cuda")
         with torch.inference_mode():
             yield run.first(self._prefill(prompt_ids, taps=True, sampler=sampler))
             self.force.fill_(-1)  # no override: stays -1 (one write per generation, not per step)
-            while not run.done:
-                if override is not None:
-                    self.force.fill_(override(len(run.result.steps), b - 1))
-                self._run_step("spec", sampler)
-                host.copy_(self.out, non_blocking=True)
-                if self.device.type == "cuda":
-                    torch.cuda.current_stream().synchronize()  # the one host sync per step
-                row = host.tolist()  # [na, drafts (B-1), next]
+            forced = None if override is None else lambda i: self.force.fill_(override(i, b - 1))
+            for row in self._pipelined("spec", sampler, run, b + 1, b, forced):  # [na, drafts (B-1), next]
                 na = row[0]
                 # the whole block was verified; near max_new_tokens only the first v slots can be committed
                 v = verify_width(b, run.room)
@@ -281,6 +275,36 @@ class FastEngine(Engine):
         sampler = sampler_of(run.cfg)
         with torch.inference_mode():
             yield run.first(self._prefill(prompt_ids, taps=False, sampler=sampler))
-            while not run.done:
-                self._run_step("ar", sampler)
-                yield run.token(int(self.out[0]))  # the one host sync per token
+            for row in self._pipelined("ar", sampler, run, 1, 1):
+                yield run.token(row[0])
+
+    def _pipelined(
+        self, name: str, sampler: Sampler, run: Run, width: int, most: int, before: Callable | None = None
+    ) -> Iterator[list[int]]:
+        """The first `width` slots of `self.out` after each step `name` until `run` is done, one host sync per
+        step. Where the run cannot end with a step by length (more room than the `most` tokens it commits), its
+        successor is launched before the host waits for it, so the GPU does not idle through the host's turn
+        (a stop token then leaves one step's work unread: the next generation's prefill starts over).
+        `before(i)`: called before step i is launched (the what-if override's accept count)."""
+        cuda = self.device.type == "cuda"
+        host = torch.empty(width, dtype=torch.long, pin_memory=cuda)
+        i, launched = 0, False
+        while not run.done:
+            if not launched:
+                self._launch(name, sampler, i, before)
+            host.copy_(self.out[:width], non_blocking=True)  # read (below) before the next copy is queued
+            ready = torch.cuda.Event() if cuda else None
+            if ready is not None:
+                ready.record()
+            launched = run.room > most
+            if launched:  # stream order: it overwrites `self.out` after the copy above
+                self._launch(name, sampler, i + 1, before)
+            if ready is not None:
+                ready.synchronize()  # the one host sync per step
+            yield host.tolist()
+            i += 1
+
+    def _launch(self, name: str, sampler: Sampler, i: int, before: Callable | None) -> None:
+        if before is not None:
+            before(i)
+        self._run_step(name, sampler)

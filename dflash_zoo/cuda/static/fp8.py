@@ -50,8 +50,8 @@ def run(
 def run_parts(
     x, weight, s, mode: str, tune: bool, gate=None, act: int = 1, in_parts: bool = False, dtype=None
 ):
-    """`run` for one row, as the FP8 GEMV's fp32 partial sums [slices, 1, N] (`ops.fp8.linear_parts`); None in
-    the torch mode (no partial sums there)."""
+    """`run` for up to `fp8_ops.ROWS` rows, as the FP8 kernel's fp32 partial sums [slices, rows, N]
+    (`ops.fp8.linear_parts`); None in the torch mode (no partial sums there)."""
     if mode == "torch":
         return None
     return fp8_ops.linear_parts(x, weight, s, gate, act, in_parts, dtype, mode == "w8a8", tune)

@@ -5,7 +5,8 @@
 - `Gemv`: whether few-row projections go through `ops.gemv` (its split-K kernels or cuBLAS, as timed faster),
   for how many rows, and whether the kernels' configs are timed (`FastOptions.gemv`, `gemv_rows`, `tune`).
 - `Parts`: a one-row GEMV's output left as its fp32 partial sums, which the next residual add sums in its own
-  kernel (`Norms.add`, the sandwich kernel), so no kernel of its own adds them up.
+  kernel (`Norms.add`, the sandwich kernel), so no kernel of its own adds them up; an FP8 projection's too for
+  up to `fp8_ops.ROWS` rows (a verify or draft block: its tensor-core kernel splits K over the SMs as well).
 Projections with FP8 weights (fp8.py) run through the FP8 ops wherever they appear (`project` always takes
 them, whatever the row count); q/k/v and gate/up fuse, scales too, where each part fills whole 128-row blocks.
 """
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dflash_zoo.cuda.ops import fp8 as fp8_ops
 from dflash_zoo.cuda.ops import gemv as gemv_ops
 from dflash_zoo.cuda.static import fp8
 
@@ -107,12 +109,13 @@ class FusedLinear:
             return tuple(apply(m, x, self.gemv) for m in self.linears)
         return self.joint(x).split(self.sizes, dim=-1)
 
-    def parts(self, x: torch.Tensor) -> torch.Tensor | None:
+    def parts(self, x: torch.Tensor, block: bool = False) -> torch.Tensor | None:
         """One row x [..., in] -> the fp32 partial sums [splits, 1, sum(out_j)] of the fused GEMV (`gemv_parts`),
-        for a kernel that sums them as it reads them; None where that does not apply (unfused, a bias, GEMV off,
-        several rows, or traced: the slice count is tuned at run time)."""
-        one_row = x.numel() == x.shape[-1]
-        if self.linears is not None or self.bias is not None or not self.gemv.on or not one_row:
+        for a kernel that sums them as it reads them; with `block` (a reader that takes several rows) an FP8
+        weight's [splits, rows, sum(out_j)] for up to `fp8_ops.ROWS` rows too. None where that does not apply
+        (unfused, a bias, GEMV off, more rows, or traced: the slice count is tuned at run time)."""
+        most = fp8_ops.ROWS if block and self.scales is not None else 1
+        if self.linears is not None or self.bias is not None or not self.gemv.on or not _rows(x) <= most:
             return None
         if torch.compiler.is_compiling():
             return None
@@ -144,6 +147,10 @@ class Parts:
         return y.to(like.dtype).view(like.shape)
 
 
+def _rows(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1]
+
+
 def summed(out: torch.Tensor | Parts, like: torch.Tensor) -> torch.Tensor:
     """`out` as a tensor (`Parts` summed, shaped and typed like `like`)."""
     return out.total(like) if isinstance(out, Parts) else out
@@ -163,19 +170,20 @@ def apply(m: nn.Linear, x: torch.Tensor, gemv: Gemv) -> torch.Tensor:
 def project(m: nn.Linear, x, gate: torch.Tensor | None, gemv: Gemv, fold: bool, act: int = 1):
     """m(x), or m(act(gate) * x) with `gate` (`act` of `gemv_ops.ACTS`), for a few rows through `gemv_ops.gemv`:
     for one row as `Parts` with `fold` (the next residual add sums them). None where the kernels do not apply
-    (off, or too many rows); an FP8 weight always runs here (through the FP8 ops, any rows)."""
+    (off, or too many rows); an FP8 weight always runs here (through the FP8 ops, any rows), as `Parts` with
+    `fold` for up to `fp8_ops.ROWS` rows (the block kernel's slices: no kernel of their own adds them up)."""
     s = fp8.scales(m)
     if s is not None:
-        # one row's partial sums are tuned at run time: not traceable
-        one = fold and x.numel() == x.shape[-1] and not torch.compiler.is_compiling()
-        sums = fp8.run_parts(x, m.weight, s, gemv.fp8, gemv.tune, gate, act) if one else None
+        # partial sums' slice count is tuned at run time: not traceable
+        few = fold and _rows(x) <= fp8_ops.ROWS and not torch.compiler.is_compiling()
+        sums = fp8.run_parts(x, m.weight, s, gemv.fp8, gemv.tune, gate, act) if few else None
         if sums is not None:
             return Parts(sums, m.bias)
         return fp8.run(x, m.weight, s, m.bias, gemv.fp8, gemv.tune, gate, act)
     if not gemv.takes(x):
         return None
     # gemv_parts' shape is tuned at run time: not traceable
-    if fold and x.numel() == x.shape[-1] and not torch.compiler.is_compiling():
+    if fold and _rows(x) == 1 and not torch.compiler.is_compiling():
         return Parts(gemv_ops.gemv_parts(x, m.weight, gate, act=act, tune=gemv.tune), m.bias)
     return gemv_ops.gemv(x, m.weight, m.bias, gate, act, tune=gemv.tune)
 

@@ -57,9 +57,9 @@ def qkv_store(
     (cos, sin), (k_buf, v_buf) = rope, buffers
     if kernel:
         w = (qk[0].weight, qk[1].weight) if qk else (None, None)
-        # one row: the GEMV's partial sums [splits, 1, width], summed by the kernel (not gated: the gates are
-        # read from qkv below); else the projection [T, width]
-        sums = proj.parts(x) if not opts.gated else None
+        # one row (an FP8 weight: a block's rows too): the kernel's partial sums [splits, T, width], summed by
+        # the rope kernel (not gated: the gates are read from qkv below); else the projection [T, width]
+        sums = proj.parts(x, block=True) if not opts.gated else None
         qkv = sums if sums is not None else proj.joint(x)[0]
         k_eq_v = heads > 0 and len(proj.sizes) == 2  # q and k only: the values are the keys
         q = fused.rope_store(
