@@ -288,12 +288,12 @@ class FastEngine(Engine):
         `before(i)`: called before step i is launched (the what-if override's accept count)."""
         cuda = self.device.type == "cuda"
         host = torch.empty(width, dtype=torch.long, pin_memory=cuda)
+        ready = torch.cuda.Event() if cuda else None  # recorded anew each step
         i, launched = 0, False
         while not run.done:
             if not launched:
                 self._launch(name, sampler, i, before)
             host.copy_(self.out[:width], non_blocking=True)  # read (below) before the next copy is queued
-            ready = torch.cuda.Event() if cuda else None
             if ready is not None:
                 ready.record()
             launched = run.room > most

@@ -37,10 +37,15 @@ class Gemv:
 
     def takes(self, x: torch.Tensor) -> bool:
         """Whether rows x [..., in] go through the GEMV kernels."""
-        return self.on and x.numel() // x.shape[-1] <= min(self.rows, gemv_ops.ROWS)
+        return self.on and _rows(x) <= min(self.rows, gemv_ops.ROWS)
 
 
 OFF = Gemv()
+
+
+def _rows(x: torch.Tensor) -> int:
+    """Rows of x [..., in]: all leading sizes together."""
+    return x.numel() // x.shape[-1]
 
 
 def _back_to_back(parts: list[torch.Tensor]) -> bool:
@@ -115,7 +120,7 @@ class FusedLinear:
         weight's [splits, rows, sum(out_j)] for up to `fp8_ops.ROWS` rows too. None where that does not apply
         (unfused, a bias, GEMV off, more rows, or traced: the slice count is tuned at run time)."""
         most = fp8_ops.ROWS if block and self.scales is not None else 1
-        if self.linears is not None or self.bias is not None or not self.gemv.on or not _rows(x) <= most:
+        if self.linears is not None or self.bias is not None or not self.gemv.on or _rows(x) > most:
             return None
         if torch.compiler.is_compiling():
             return None
@@ -145,10 +150,6 @@ class Parts:
         for extra in (self.more.sum(0) if self.more is not None else None, self.bias):
             y = y if extra is None else y + extra.float()
         return y.to(like.dtype).view(like.shape)
-
-
-def _rows(x: torch.Tensor) -> int:
-    return x.numel() // x.shape[-1]
 
 
 def summed(out: torch.Tensor | Parts, like: torch.Tensor) -> torch.Tensor:
