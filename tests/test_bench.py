@@ -7,6 +7,7 @@ import os
 from fractions import Fraction
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from dflash_zoo import demo
@@ -396,3 +397,19 @@ def test_bench_table_shows_the_spread_and_warns_when_wide(capsys):
     assert "100.0-102.0" in out and "7.0-414.0" in out
     assert "eager dflash: repeats gave 7.0 / 21.0 / 414.0 tok/s" in err
     assert "autoregressive" not in err  # 100-102 is a tight spread
+
+
+def test_provenance_keeps_the_record_name_not_the_machine_folder():
+    """`--out` is recorded as its file name (either spelling); every other argument as given."""
+    argv = ["dflash-zoo", "bench", "--shape", "qwen3-8b", "--out", "/scratch/out/r.json", "--repeats", "3"]
+    got = B.benchmeta.provenance(argv, torch.device("cpu"))["argv"]
+    assert got == ["dflash-zoo", "bench", "--shape", "qwen3-8b", "--out", "r.json", "--repeats", "3"]
+    assert B.benchmeta.provenance(["x", "--out=runs/a/b.json"], torch.device("cpu"))["argv"] == [
+        "x",
+        "--out=b.json",
+    ]
+    assert B.benchmeta.provenance(["x", "--shape", "/a/b"], torch.device("cpu"))["argv"] == [
+        "x",
+        "--shape",
+        "/a/b",
+    ]

@@ -21,7 +21,7 @@ import subprocess
 import time
 from datetime import datetime, timezone
 from importlib import metadata
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import torch
@@ -177,8 +177,23 @@ def _version(pkg: str) -> str | None:
         return None
 
 
+def _portable(argv: list[str]) -> list[str]:
+    """argv with the `--out` value cut to its file name: the folder a record was first written to names a
+    machine, not the measurement."""
+    out, cut = [], False
+    for arg in argv:
+        if cut:
+            arg = PurePath(arg).name
+        elif arg.startswith("--out="):
+            arg = "--out=" + PurePath(arg.removeprefix("--out=")).name
+        out.append(arg)
+        cut = arg == "--out"
+    return out
+
+
 def provenance(argv: list[str], device: torch.device) -> dict[str, Any]:
-    """argv, git commit, package versions, GPU: everything needed to reproduce or distrust a number."""
+    """argv (`--out` as its file name), git commit, package versions, GPU: everything needed to reproduce or
+    distrust a number."""
     import transformers
 
     gpu = None
@@ -191,7 +206,7 @@ def provenance(argv: list[str], device: torch.device) -> dict[str, Any]:
             "cuda": torch.version.cuda,
         }
     return {
-        "argv": list(argv),
+        "argv": _portable(argv),
         "git": _git_commit(),
         "versions": {
             "python": platform.python_version(),
