@@ -43,6 +43,8 @@ PUBLISHED = {
     "qwen3.8-27b": (27.0, 0.5),  # Qwen/Qwen3.8-27B: 27B (the recipe's 55.56 GB of bf16 weights, with vision)
     # 29.6B with its vision tower (registry.yaml's source); the tower here is the config class default, +-0.2
     "muse-glimmer-30b": (29.6, 0.2),
+    "gemma4-12b-it": (12.0, 0.5),  # google/gemma-4-12B-it: 12B (its name and the Hub's count; no card figure)
+    "laguna-xs-2.1": (33.0, 0.5),  # vllm-project/recipes#608: Laguna-XS-2.1 is 33B total (3B active)
 }
 # Active parameters (billions) per token of the MoE cards. Cards differ in whether they count the input
 # embedding table, which a decode step does not stream (one row is read), hence +-0.35 (Qwen3-Coder's table
@@ -53,6 +55,7 @@ ACTIVE = {
     "qwen3.6-35b-a3b": 3.0,  # model card: 3B activated
     "gpt-oss-20b": 3.6,  # model card: 3.6B active
     "gemma-4-26b-a4b-it": 3.8,  # Gemma 4 model card: 3.8B active
+    # not Laguna-XS-2.1 ("3B active"): its heads are the config class default, and the shape streams 2.56B
 }
 # the registry entry each shape benchmarks (qwen3-32b is a capacity shape with no published drafter)
 REGISTRY_SLUG = {
@@ -71,6 +74,8 @@ REGISTRY_SLUG = {
     "gemma-4-26b-a4b-it": "gemma4-26b-a4b-it",
     "qwen3.8-27b": "qwen3.8-27b",
     "muse-glimmer-30b": "muse-glimmer-30b",
+    "gemma4-12b-it": "gemma4-12b-it",
+    "laguna-xs-2.1": "laguna-xs-2.1",
 }
 # the shape's drafter is the older upload (5 layers, 5 taps), not the one the registry describes at `main`
 OLDER_DRAFTER = {"qwen3.5-9b"}
@@ -191,6 +196,41 @@ def test_family_structure_of_the_new_shapes(built):
     g = built["gemma-4-31b-it"][1].cfg
     assert g.layer_types == ("sliding_attention",) * 4 + ("full_attention",) and g.sliding_window == 2048
     assert g.final_logit_softcapping == 30.0 and g.num_attention_heads == 64
+
+
+def test_gemma4_12b_and_laguna_xs_shapes(built):
+    """Gemma 4 12B is the whole `gemma4_unified` wrapper (one K = V head of 512 on its 8 full layers) with a plain
+    DFlash drafter; Laguna-XS-2.1 is a MoE after a dense first layer with its own drafter architecture (a gate
+    per head, one norm per tap, causal in the block), the published taps and its byte count."""
+    target, drafter, _ = built["gemma4-12b-it"]
+    text = target.config.get_text_config()
+    assert type(target).__name__ == "Gemma4UnifiedForConditionalGeneration"
+    assert text.layer_types.count("full_attention") == 8 and text.final_logit_softcapping == 30.0
+    layers = target.model.language_model.layers
+    full, sliding = layers[5].self_attn, layers[0].self_attn
+    assert full.k_proj.weight.shape == (512, 3840) and full.v_proj is None  # K = V on global layers
+    assert sliding.k_proj.weight.shape == (8 * 256, 3840)
+    assert target.get_input_embeddings().weight is target.get_output_embeddings().weight
+    g = drafter.cfg
+    assert (g.arch, g.num_attention_heads, g.intermediate_size, g.rope.theta) == ("dflash", 32, 7680, 1e6)
+    assert g.causal == (True,) * 4 + (False,) and g.final_logit_softcapping == 30.0
+    assert drafter.fc.weight.shape == (3840, 6 * 3840)
+
+    target, drafter, _ = built["laguna-xs-2.1"]
+    assert type(target).__name__ == "LagunaForCausalLM"
+    assert target.config.mlp_layer_types[:2] == ["dense", "sparse"]
+    moe = target.model.layers[1].mlp
+    assert moe.experts.gate_up_proj.shape[0] == 256
+    assert moe.shared_experts.down_proj.weight.shape == (2048, 512)
+    assert benchmeta.moe_routing(target.config) == (256, 8)
+    assert target.config.rope_parameters["full_attention"]["rope_theta"] == 5e5  # the class default
+    d = drafter.cfg
+    assert (d.arch, d.attention_gate, d.sliding_window) == ("laguna_dflash", "per-head", 512)
+    assert d.causal == (True,) * 5 and d.num_attention_heads == 64
+    assert d.target_layer_ids == (1, 13, 25, 33, 39) and d.mask_token_id == 12
+    assert len(drafter.aux_hidden_norms) == 5
+    assert drafter.layers[0].self_attn.g_proj.weight.shape == (64, 2048)
+    assert sum(p.numel() for p in drafter.parameters()) == 462_064_896  # 924,135,848 bytes less the header
 
 
 def test_runner_re_exports_the_shapes():
@@ -369,3 +409,9 @@ def test_draft_arch_rebuilds_a_shapes_drafter_as_another_architecture():
     assert set(v1.state_dict()) < set(v2.state_dict()) and v1.cfg.block_size == v2.cfg.block_size == 8
     up = shape_drafter(SHAPES["qwen3-8b"], "meta", torch.bfloat16, arch="dflash2")
     assert up.arch == "dflash2" and up.cfg.dflash2.selector_top_k == 16
+    # a drafter of its own architecture (Laguna's) loses its gate and tap norms, keeps its layers and block
+    for arch in ("dflash", "dflash2"):
+        plain = shape_drafter(SHAPES["laguna-xs-2.1"], "meta", torch.bfloat16, arch=arch)
+        assert plain.arch == arch and plain.cfg.attention_gate is None
+        assert not hasattr(plain, "aux_hidden_norms")
+        assert (plain.cfg.num_hidden_layers, plain.cfg.block_size, plain.cfg.sliding_window) == (5, 16, 512)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,6 +31,7 @@ from tests.oracles import greedy_reference
 from tests.tiny import draft_config_dict, tiny_target
 
 WINDOW, TAPS = 7, [0, 1, 3]
+FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 
 
 def laguna_config(target=None, gating="per-head", layers=2, block_size=6, **extra) -> dict:
@@ -176,6 +178,38 @@ def test_checkpoint_is_poolsides_layout_and_round_trips_bit_for_bit(tmp_path):
     save_drafter(again, tmp_path / "e")
     assert load_file(tmp_path / "e" / "model.safetensors").keys() == stored.keys()
     assert all(torch.equal(load_file(tmp_path / "e" / "model.safetensors")[k], v) for k, v in stored.items())
+
+
+# published checkpoints: tensors in model.safetensors, their shapes where a source names them, the file's bytes
+# (S-2.1: a public port's notes quoting the header at the pinned commit; XS-2.1: the Hub's LFS size at its
+# pinned commit and a public port's checkpoint contract, 58 tensors with the shapes below)
+PUBLISHED = {
+    "laguna-s-2.1": (69, 2_229_962_896, {}),
+    "laguna-xs-2.1": (
+        58,
+        924_135_848,
+        {
+            "layers.0.self_attn.qkv_proj.weight": (10240, 2048),
+            "layers.0.self_attn.g_proj.weight": (64, 2048),
+            "aux_hidden_norms.4.weight": (2048,),
+            "fc.weight": (2048, 10240),
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("slug", sorted(PUBLISHED))
+def test_published_drafters_config_builds_their_checkpoints_tensors(slug):
+    """The module built from a published config.json holds exactly as many tensors as the checkpoint, with the
+    named shapes, and bf16 bytes that a safetensors header (a few KB) tops up to the file's size."""
+    count, file_bytes, shapes = PUBLISHED[slug]
+    raw = json.loads((FIXTURES / slug / "draft.json").read_text())
+    with torch.device("meta"):
+        state = LagunaDrafter(normalize_draft_config(raw)).checkpoint_state()
+    assert len(state) == count
+    assert {name: tuple(state[name].shape) for name in shapes} == shapes
+    data = 2 * sum(t.numel() for t in state.values())
+    assert data < file_bytes < data + 16_384, (data, file_bytes)
 
 
 @pytest.mark.parametrize(

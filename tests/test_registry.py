@@ -28,7 +28,7 @@ PUBLISHED = (
 MARKED = {"glm-5.3-flash", "alpamayo-r1-10b", "alpamayo-1.5-10b"}  # listed, not runnable: the author's status
 SHAPE_NOT_PUBLIC = {"alpamayo-r1-10b", "alpamayo-1.5-10b"}  # no public config gives their target's text shape
 # taps that do not follow the default rule (docs/method.md §2)
-EXPLICIT_TAPS = {"qwen3-coder-next", "qwen3.8-27b", "laguna-s-2.1", "alpamayo-1.5-10b"}
+EXPLICIT_TAPS = {"qwen3-coder-next", "qwen3.8-27b", "laguna-s-2.1", "laguna-xs-2.1", "alpamayo-1.5-10b"}
 FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 
 
@@ -119,6 +119,22 @@ def test_facts_from_families(registry):
     assert mm.gated and mm.draft.block_size is None and mm.draft.target_layer_ids is None
     assert registry.resolve("llama3.1-8b-instruct").gated
     assert registry.resolve("qwen3-8b").chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_laguna_xs_and_gemma4_12b_drafter_facts(registry):
+    """Laguna-XS-2.1's drafter pinned at the commit whose config and byte count are public; Gemma 4 12B's
+    config from a single third-party source, which its notes name. Each byte count is its bf16 parameters
+    (docs/families.md) plus a safetensors header of a few KB."""
+    xs = registry.resolve("laguna-xs-2.1")
+    assert xs.draft_revision == xs.revisions[0].commit == "5c36361aab23c8ed3afbd079c10c426b677bc607"
+    assert (xs.draft.num_layers, xs.draft.mask_token_id, xs.revisions[0].sliding_window) == (5, 12, 512)
+    assert xs.shape_from is None and xs.draft_license == "openmdw-1.1"
+    g12 = registry.resolve("gemma4-12b-it")
+    assert (g12.draft.num_layers, g12.draft.mask_token_id, g12.draft.block_size) == (5, 4, 16)
+    assert "single third-party source" in g12.notes and "Crssz/r4dx" in g12.notes
+    for entry, params in ((xs, 462_064_896), (g12, 727_496_960)):
+        assert 0 < entry.draft_size_bytes - 2 * params < 10_000, entry.slug
+        assert entry.status == "supported" and entry.reason is None
 
 
 # ---- schema -----------------------------------------------------------------------------------------
@@ -393,7 +409,9 @@ def test_revisions_are_main_or_pinned_and_say_so(registry):
     """A revision is "main" (no commit known, and the entry says so) or a full commit (the entry says pinned)."""
     text = (Path(__file__).parents[1] / "registry.yaml").read_text()
     pinned = {e.slug for e in registry if e.draft_revision != "main"}
-    assert pinned == {"qwen3.8-27b", "muse-glimmer-30b", "kimi-k2.6", "minimax-m2.7", "laguna-s-2.1"}
+    assert pinned == {
+        "qwen3.8-27b", "muse-glimmer-30b", "kimi-k2.6", "minimax-m2.7", "laguna-s-2.1", "laguna-xs-2.1"
+    }  # fmt: skip
     for e in registry:
         assert e.target_revision == "main"
         assert e.draft_revision == "main" or re.fullmatch(r"[0-9a-f]{40}", e.draft_revision), e.slug
@@ -421,7 +439,8 @@ def test_draft_licence_is_the_drafter_cards_and_sourced(registry):
     known = {e.slug: e.draft_license for e in registry if e.draft_license is not None}
     assert known == {"qwen3-coder-next": "mit", "qwen3.8-27b": "apache-2.0", "kimi-k2.6": "mit",
                      "glm-5.3": "cc-by-nc-nd-4.0", "kimi-k2.7-code": "nvidia-open-model-license",
-                     "glm-5.3-flash": "cc-by-nc-nd-4.0", "alpamayo-1.5-10b": "nvidia-license"}  # fmt: skip
+                     "laguna-xs-2.1": "openmdw-1.1", "glm-5.3-flash": "cc-by-nc-nd-4.0",
+                     "alpamayo-1.5-10b": "nvidia-license"}  # fmt: skip
     for slug in known:
         assert registry.resolve(slug).draft_repo in docs
 

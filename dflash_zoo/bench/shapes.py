@@ -10,10 +10,13 @@ Rules every shape follows:
   does not give is the transformers config class default, and the comment says so;
 - VLM targets (Qwen3.5/3.6/3.8, Gemma 4) are benchmarked as their text model (`qwen3_5_text`, `qwen3_5_moe_text`,
   `gemma4_text`): the vision tower only runs at prefill on images, which a text bench never feeds. A wrapper
-  whose text model has no causal-LM class (`muse_glimmer`, `WRAPPED`) is built whole, its vision tower with the
-  config class defaults (weights a text bench never reads);
+  whose text model has no causal-LM class (`muse_glimmer`), or no adapter of its own (`gemma4_unified`, whose
+  adapter is the wrapper's), is built whole (`WRAPPED`), its vision parts with the config class defaults
+  (weights a text bench never reads);
 - a DFlash 2 drafter (`Shape.dflash2`: its convolution and selector sizes) is built as `DFlash2DraftModel`;
-  `Shape.draft_tap_ids` gives a drafter's published taps where they do not follow the default rule;
+  another architecture is named by `architectures` in `Shape.draft` (Laguna's `DFlashLagunaForCausalLM`), and
+  `Shape.draft` keys under `dflash_config` join the built ones; `Shape.draft_tap_ids` gives a drafter's
+  published taps where they do not follow the default rule;
 - everything is built in the bench dtype (bf16), also where a checkpoint ships another format (gpt-oss's MXFP4
   experts): a shape measures the bf16 model;
 - the drafter's `mask_token_id` only selects the embedding row of the masked block slots, so where the id at a
@@ -65,10 +68,13 @@ class Shape:
 
 # config key that `Shape.ffn` fills, where it is not `intermediate_size`
 FFN_KEYS = {"qwen3_5_moe_text": "shared_expert_intermediate_size"}
-# VLM wrappers whose text model has no causal-LM class: the shape's fields go into `text_config`
-WRAPPED = {"muse_glimmer"}
+# VLM wrappers built whole (their text model has no causal-LM class or no adapter): the shape's fields go into
+# `text_config`
+WRAPPED = {"muse_glimmer", "gemma4_unified"}
 # hybrid Gated-DeltaNet families: rotary on a quarter of the head (their config class default, 0.25)
 PARTIAL_ROTARY = {"qwen3_5_text": 0.25, "qwen3_5_moe_text": 0.25}
+# drafter-config keys that name the drafter's own architecture: `--draft-arch` drops them to build another
+ARCH_KEYS = ("architectures", "model_type", "gating")
 
 
 def zlab_drafter(
@@ -202,6 +208,40 @@ GEMMA4_26B = {  # a dense MLP (ffn) and 128 routed experts (top 8) side by side 
     "top_k_experts": 8,
     "moe_intermediate_size": 704,
 }
+# google/gemma-4-12B-it (`gemma4_unified`): transformers' 12B conversion variant (`_VARIANT_GEMMA_4_12B` in
+# `models/gemma4_unified/convert_gemma4_unified_weights.py`): one KV head of 512 (K = V) on full layers, no
+# KV-shared layers, per-layer inputs or experts, the Gemma 4 rope pair above
+GEMMA4_12B = {**_GEMMA4, "num_global_key_value_heads": 1}
+
+# ---- Laguna (MoE after a dense first layer, sigmoid routing, a softplus gate per attention head) ---------------
+# poolside/Laguna-XS-2.1 at c405648 as a public benchmark fixture quotes its config.json
+# (Layr-Labs/mlxfast-challenge-dev `fixtures/laguna_xs_2_1_dflash_track.json`): 256 experts of 512 (top 8), a
+# shared expert of 512, layer 0 dense (the class default `mlp_layer_types`), window 512. The quote gives no
+# heads, layer types or rope: LagunaConfig's defaults (48 q heads, every layer full attention, its per-layer-type
+# rope: `None` lets the class fill it in). One third-party description gives the shared expert 8192: not used
+LAGUNA_XS = {
+    "num_experts": 256,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512,
+    "sliding_window": 512,
+    "rope_parameters": None,
+}
+# poolside/Laguna-XS-2.1-DFlash config.json at 5c36361 (the same fixture; the model card names the class): 5
+# sliding(512) layers, causal in the block, 64 q / 8 kv heads of 128, FFN 8192, block 16, taps [1, 13, 25, 33,
+# 39], mask 12. Its gate is per head (the default, `gating` absent): the only width that fits the published
+# 924,135,848 bytes. Rope theta 5e5 from its NVFP4 copy's config (docs/families.md)
+LAGUNA_XS_DRAFT = {
+    "architectures": ["DFlashLagunaForCausalLM"],
+    "model_type": "laguna_dflash",
+    "layer_types": [SLIDING] * 5,
+    "sliding_window": 512,
+    "intermediate_size": 8192,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "dflash_config": {"causal": True},
+}
 
 # the targets' and z-lab drafters' config.json (docs/families.md): H, L, V, q/kv/hd; drafter FFN, B, mask id.
 # Target FFN: Qwen3-8B 12288 (= its drafter's); Llama-3.1-8B 14336 (its config.json); Qwen3.5-9B: 12288, the
@@ -287,6 +327,22 @@ SHAPES: dict[str, Shape] = {
         extra=GEMMA4_26B,
         draft=zlab_drafter(5632, sliding=4, window=2048, final_logit_softcapping=30.0),
     ),
+    # google/gemma-4-12B-it (GEMMA4_12B, built as the whole `gemma4_unified` wrapper): 48 layers, 16 q / 8 kv heads
+    # of 256 on sliding layers, FFN 15360, vocab 262144 (the text config's default). Drafter:
+    # z-lab/gemma4-12B-it-DFlash config.json as Crssz/r4dx `docs/dflash2.md` §13.1 reads it (one third-party
+    # source): 4 sliding(2048) + 1 full layers, 32 q / 8 kv heads of 128, FFN 7680, rope theta 1e6, eps 1e-6,
+    # soft-cap 30, block 16, mask 4, 6 taps (the default rule)
+    "gemma4-12b-it": Shape(
+        "gemma4_unified", 3840, 48, 262144, 16, 8, 256, 15360, 1e6, 4, draft_layers=5, draft_taps=6,
+        extra=GEMMA4_12B,
+        draft=zlab_drafter(7680, sliding=4, window=2048, final_logit_softcapping=30.0),
+    ),
+    # poolside/Laguna-XS-2.1 (LAGUNA_XS): 40 layers, 48 q / 8 kv heads of 128 (class default; head dim quoted),
+    # FFN 8192, vocab 100352; its drafter (LAGUNA_XS_DRAFT) runs on the eager engine only
+    "laguna-xs-2.1": Shape(
+        "laguna", 2048, 40, 100352, 48, 8, 128, 8192, 5e5, 12, draft_layers=5, draft_taps=5,
+        extra=LAGUNA_XS, draft=LAGUNA_XS_DRAFT, draft_tap_ids=(1, 13, 25, 33, 39),
+    ),
     # Qwen/Qwen3.8-27B config.json (text_config): the Qwen3.5-27B text shape (64 layers, 24 q / 4 kv heads of
     # 256, FFN 17408, GDN 16 key / 48 value heads of 128, rope theta 1e7), as baidu-baige/LoongForge#176 and
     # local-inference-lab/vllm#454 quote it. Drafter: DFlash 2 (QWEN38_DRAFT, DFLASH2_SELECTOR).
@@ -358,7 +414,8 @@ def drafter_config(s: Shape, arch: str | None = None) -> dict[str, Any]:
     """The drafter's config.json dict: the legacy rule (z-lab sizes for the 8B-class hidden sizes) with the
     drafter's own published fields (`s.draft`) on top; a DFlash 2 drafter names its architecture and sizes.
     `arch` builds the same drafter as another architecture ("dflash": without DFlash 2's parts; "dflash2":
-    with them, the published sizes where the shape has none), for comparisons at one target shape and block."""
+    with them, the published sizes where the shape has none; either without the keys of a drafter's own
+    architecture, `ARCH_KEYS`), for comparisons at one target shape and block."""
     from dflash_zoo.engine.config import default_target_layer_ids
 
     if arch is not None:
@@ -386,7 +443,9 @@ def drafter_config(s: Shape, arch: str | None = None) -> dict[str, Any]:
     }
     if s.dflash2:
         cfg["architectures"] = ["DFlash2DraftModel"]
-    return {**cfg, **s.draft}
+    own = {k: v for k, v in s.draft.items() if arch is None or k not in ARCH_KEYS}
+    cfg["dflash_config"].update(own.pop("dflash_config", {}))
+    return {**cfg, **own}
 
 
 def shape_drafter(s: Shape, device: str, dtype: torch.dtype, arch: str | None = None) -> Any:
