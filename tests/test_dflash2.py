@@ -83,6 +83,33 @@ def test_greedy_conforms_to_reference(tmp_path, target, arch, sliding):
             assert_conforms(ours(target, mine, prompt, 40, engine=engine), expected, 8)
 
 
+def test_a_scaled_embedding_target_conforms_where_the_config_names_the_block_scale(tmp_path):
+    """Gemma 4 scales its embeddings by sqrt(H). A DFlash drafter sees the block as the target embeds it
+    (docs/method.md: how the published Gemma 4 drafters are served), which z-lab's torch reference does not
+    (raw rows): the same output, other drafts. With `input_embedding_scale` in its config, both embed raw rows
+    times it, and the proposals conform."""
+    reference_module()
+    target = tiny_target("gemma4", seed=0)
+    ids = torch.tensor([[3, 5]])
+    adapter = get_adapter("gemma4")(target)
+    assert not torch.allclose(adapter.embed(ids), adapter.embed_rows(ids))  # the two embeddings differ here
+    prompt = PROMPTS[1]
+    for scale, conforms in ((None, False), (1.0, True)):
+        extra = {} if scale is None else {"input_embedding_scale": scale}
+        torch.manual_seed(3)
+        drafter = DFlashDrafter(normalize_draft_config(draft_config_dict(target, **extra))).float().eval()
+        save_drafter(drafter, tmp_path / str(scale))
+        ref = load_reference_drafter(tmp_path / str(scale), dflash2=False)
+        with torch.no_grad():
+            expected = reference_run(ref, target, prompt, 40)
+        result = ours(target, load_drafter(tmp_path / str(scale)), prompt, 40, model_type="gemma4")
+        assert result.output_ids == expected.output_ids
+        if conforms:
+            assert_conforms(result, expected, 8)
+        else:
+            assert result.steps[0].proposed != expected.verified[0][1:]
+
+
 @pytest.fixture(scope="module")
 def demo_pair():
     """The embedded demo pair's trained drafter, upgraded to DFlash 2 and perturbed: non-trivial acceptance."""
