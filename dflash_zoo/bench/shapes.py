@@ -329,9 +329,9 @@ SHAPES: dict[str, Shape] = {
     ),
     # google/gemma-4-12B-it (GEMMA4_12B, built as the whole `gemma4_unified` wrapper): 48 layers, 16 q / 8 kv heads
     # of 256 on sliding layers, FFN 15360, vocab 262144 (the text config's default). Drafter:
-    # z-lab/gemma4-12B-it-DFlash config.json as Crssz/r4dx `docs/dflash2.md` §13.1 reads it (one third-party
-    # source): 4 sliding(2048) + 1 full layers, 32 q / 8 kv heads of 128, FFN 7680, rope theta 1e6, eps 1e-6,
-    # soft-cap 30, block 16, mask 4, 6 taps (the default rule)
+    # z-lab/gemma4-12B-it-DFlash config.json as the DFlash 2 notes of the public Crssz/r4dx repository (§13.1)
+    # read it (one third-party source): 4 sliding(2048) + 1 full layers, 32 q / 8 kv heads of 128, FFN 7680,
+    # rope theta 1e6, eps 1e-6, soft-cap 30, block 16, mask 4, 6 taps (the default rule)
     "gemma4-12b-it": Shape(
         "gemma4_unified", 3840, 48, 262144, 16, 8, 256, 15360, 1e6, 4, draft_layers=5, draft_taps=6,
         extra=GEMMA4_12B,
