@@ -62,6 +62,9 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     group, amax / 448 (the `w8a8` kernels' activation quantization)."""
     k = x.shape[-1]
     groups = F.pad(x.float(), (0, blocks(k) * BLOCK - k)).unflatten(-1, (blocks(k), BLOCK))
-    xs = groups.abs().amax(-1).clamp(min=1e-30) / QMAX
+    amax = groups.abs().amax(-1).clamp(min=1e-30)
+    # divided by a tensor: CUDA divides by a Python scalar as a product with its reciprocal, which differs in
+    # the last bit from the kernels' IEEE quotient and moves bf16 rows' frequent ties to the other e4m3 code
+    xs = amax / amax.new_tensor(QMAX)
     q = (groups / xs[..., None]).clamp(-QMAX, QMAX).to(FP8).flatten(-2)[..., :k]
     return q, xs
