@@ -11,7 +11,6 @@ docs/performance.md.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -24,10 +23,6 @@ from dflash_zoo.engine.options import FastOptions
 # without the Triton kernels (no triton), compiled 8B-shape AR step on one H200 host: "chunks" 187 tok/s,
 # "sums" 173; SDPA lost to sums (docs/performance.md)
 COMPILED_DECODE_ATTENTION = "chunks"
-log = logging.getLogger("dflash_zoo")
-# w8a8's kernels have not passed their GPU test (`tests/test_fp8.py::test_fp8_w8a8_kernels_on_cuda`, marked
-# xfail; docs/quantization.md says what its last run found); weight_only passed
-W8A8_WARNING = "FP8 w8a8 kernels have not passed their GPU test; weight_only (the default) has"
 
 
 @dataclass(frozen=True)
@@ -71,8 +66,6 @@ def choose_kernels(device: torch.device, options: FastOptions) -> Kernels:
     # FP8 projections: the FP8 kernels wherever the Triton kernels are the default (a device's compute
     # capability is engine selection's question, `quantization.fp8_reason`)
     fp8 = options.fp8 or ("weight_only" if triton_ok else "torch")
-    if fp8 == "w8a8":
-        log.warning(W8A8_WARNING)
     for name, on in [("gemv", gemv), ("fused_ops", fused), (f"fp8={fp8!r}", fp8 != "torch")]:
         if on and why:
             raise ValueError(f"{name}: {why}")
