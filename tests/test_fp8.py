@@ -241,7 +241,12 @@ def test_w8a8_multiplies_quantized_rows_on_the_fp8_path(interpret, rows, config)
     assert torch.equal(xq.float() * xs.repeat_interleave(128, -1)[:, :k], x)  # exact by construction
     got = fp8_ops._launch(x, q, s, None, None, config, 1, False, torch.float32)
     torch.testing.assert_close(got, fp8_ops.reference(x, q, s, w8a8=True), atol=1e-3, rtol=1e-5)
-    assert fp8_ops.w8a8_of(config) and not fp8_ops.w8a8_of(config[:6]) and config[0] >= 64
+    assert fp8_ops.w8a8_of(config) and not fp8_ops.w8a8_of(config[:6])
+    # wgmma's left operand spans 64 rows or more: up to 16 rows the weight's (swapped), else x's
+    if rows <= fp8_ops.ROWS:
+        assert config[6] == fp8_ops.W8A8_SWAP and config[1] >= 64
+    else:
+        assert config[6] == fp8_ops.W8A8 and config[0] >= 64
 
 
 def test_inputs_are_checked(interpret):

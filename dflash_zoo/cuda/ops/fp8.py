@@ -118,6 +118,9 @@ def reference(
 
 
 # ---- launches -----------------------------------------------------------------------------------------------
+W8A8, W8A8_SWAP = 1, 2  # a 2+ row config's last entry: quantized activations, the weight tile on the left
+
+
 def w8a8_of(config: tuple) -> bool:
     """Whether a config of 2+ rows multiplies quantized activations (the flag rides in it: `_configs`)."""
     return len(config) > 6 and bool(config[6])
@@ -166,8 +169,8 @@ def _gemm(x, weight, scales, g, config, act: int, dtype, bias, direct: bool) -> 
     _kernels()[1][(-(-rows // bm), out_blocks, splits)](
         weight, scales, x2, out, bias if bias is not None else out, rows, n, k, k_split, x2.stride(0),
         scales.stride(0), BM=bm, BN=bn, BK=bk, DIRECT=direct, BIAS=bias is not None, IEEE=dtype == torch.float32,
-        W8A8=w8a8_of(config), BITS=BITS_CUDA_VERIFIED and x.is_cuda and dtype == torch.bfloat16,
-        num_warps=warps, num_stages=stages,
+        W8A8=w8a8_of(config), SWAP=w8a8_of(config) and config[6] == W8A8_SWAP,
+        BITS=BITS_CUDA_VERIFIED and x.is_cuda and dtype == torch.bfloat16, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
 
@@ -199,12 +202,17 @@ def _launch(x, weight, scales, bias, gate, config, act: int, in_parts: bool, dty
 
 
 def _configs(rows: int, w8a8: bool) -> list[tuple]:
-    """The candidates for a row count; w8a8's carry the flag, and tile 64 rows (at 16, Triton multiplies FP8 as
-    fp16 on sm_90; from 64 on Hopper's FP8 wgmma, the padding rows costing no bytes)."""
+    """The candidates for a row count; w8a8's carry the flag. Hopper's FP8 wgmma takes 64 rows or more on its
+    left (fewer, Triton multiplies FP8 as fp16 on sm_90): a prefill's w8a8 tiles put 64+ rows of x there; up
+    to ROWS rows the weight's 64 or 128 rows go there and x's rows unpadded on the right (W8A8_SWAP; 16 rows
+    padded to 64 took 5.9x as long a step, one H100, docs/performance.md)."""
     if rows == 1:
         return GEMV_CONFIGS
-    table = GEMM_CONFIGS if rows <= ROWS else PREFILL_CONFIGS
-    return [(max(c[0], 64), *c[1:], 1) for c in table] if w8a8 else table
+    if not w8a8:
+        return GEMM_CONFIGS if rows <= ROWS else PREFILL_CONFIGS
+    if rows <= ROWS:
+        return [(*c, W8A8_SWAP) for c in GEMM_CONFIGS if c[1] >= 64]
+    return [(max(c[0], 64), *c[1:], W8A8) for c in PREFILL_CONFIGS]
 
 
 def _summing_ms(x, weight, config, rows: int) -> float:

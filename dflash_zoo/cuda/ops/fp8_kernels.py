@@ -48,18 +48,23 @@ def e4m3_bf16(w):
 @triton.jit
 def fp8_gemm(W, S, X, Out, Bias, n_rows, n_out, k_in, k_split, x_stride, s_stride, BM: tl.constexpr,
              BN: tl.constexpr, BK: tl.constexpr, DIRECT: tl.constexpr, BIAS: tl.constexpr, IEEE: tl.constexpr,
-             W8A8: tl.constexpr, BITS: tl.constexpr):  # fmt: skip
+             W8A8: tl.constexpr, BITS: tl.constexpr, SWAP: tl.constexpr = False):  # fmt: skip
     """Rows [BM] x columns [BN] of x [rows, K] @ dequant(W)^T over one slice of K, on the tensor cores. Each
     tile's product is scaled by its block's scales as it is added: x (16-bit) times the e4m3 weight exactly
     in the activations' type, or with W8A8 (BK 128) x quantized per row and 128-column group to e4m3 (amax /
-    448) and multiplied on the FP8 tensor cores. DIRECT (one slice): the output, plus bias, in x's dtype;
-    else fp32 partial sums [slices, rows, N]. BITS: bf16 x, the weight converted by `e4m3_bf16` (CUDA)."""
+    448) and multiplied on the FP8 tensor cores; SWAP (with W8A8): the weight tile on the left, so that
+    wgmma's 64+ rows are BN weight rows and x's BM rows need no padding. DIRECT (one slice): the output, plus
+    bias, in x's dtype; else fp32 partial sums [slices, rows, N]. BITS: bf16 x, the weight converted by
+    `e4m3_bf16` (CUDA)."""
     pm, pn, ps = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # rows, output columns, K slice
     r = pm * BM + tl.arange(0, BM)
     n = pn * BN + tl.arange(0, BN)
     rok, nok = r < n_rows, n < n_out
     s_col = S + (pn * BN // 128) * s_stride  # the tile's block row
-    acc = tl.zeros([BM, BN], tl.float32)
+    if SWAP:
+        acc = tl.zeros([BN, BM], tl.float32)
+    else:
+        acc = tl.zeros([BM, BN], tl.float32)
     for k0 in range(ps * k_split, ps * k_split + k_split, BK):
         cols = k0 + tl.arange(0, BK)
         cok = cols < k_in
@@ -72,13 +77,18 @@ def fp8_gemm(W, S, X, Out, Bias, n_rows, n_out, k_in, k_split, x_stride, s_strid
             # IEEE divisions (`/` is approximate on CUDA): the scales and values torch's reference computes
             xs = tl.div_rn(tl.maximum(tl.max(tl.abs(xf), 1), 1e-30), QMAX)  # [BM]
             xq = tl.clamp(tl.div_rn(xf, xs[:, None]), -QMAX, QMAX).to(tl.float8e4nv)
-            acc += tl.dot(xq, tl.trans(w)) * (xs * s)[:, None]
+            if SWAP:  # [BN, BK] x [BK, BM]
+                acc += tl.dot(w, tl.trans(xq)) * (xs * s)[None, :]
+            else:
+                acc += tl.dot(xq, tl.trans(w)) * (xs * s)[:, None]
         elif BITS:
             acc += tl.dot(x, tl.trans(e4m3_bf16(w))) * s
         elif IEEE:  # fp32 activations: exact products, not TF32
             acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee") * s
         else:  # e4m3 values are exact in fp16 and bf16
             acc += tl.dot(x, tl.trans(w.to(x.dtype))) * s
+    if SWAP:
+        acc = tl.trans(acc)  # [BM, BN]
     at = r[:, None] * n_out + n[None, :]
     ok = rok[:, None] & nok[None, :]
     if DIRECT:
