@@ -118,9 +118,8 @@ def no_collection() -> Iterator[None]:
 
 def graph_ms(fn: Callable[[], object], reps: int = 10, rounds: int = 3) -> float:
     """Milliseconds per call of `fn`, `reps` calls captured in one CUDA graph (launch cost as in a step): the
-    median of `rounds` replays after an untimed one (a graph's first launch uploads it). One timed first
-    replay each let the tuners' picks change from process to process: an FP8 autoregressive step took 3.51 to
-    3.78 ms on one H100 with the same code (docs/performance.md)."""
+    median of `rounds` replays after an untimed one (a graph's first launch uploads it). With one timed first
+    replay the tuners' picks changed more from process to process (docs/performance.md, FP8 targets)."""
     fn()  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with no_collection(), torch.cuda.graph(graph):
