@@ -125,7 +125,7 @@ def _wait(Cnt, Flag, g, programs):
 
 
 @gluon.jit
-def ring_gemms(w_desc, Ws, Buf, Xq, Xs, Meta, Cnt, Flag, stride, n_gemms, no_cols, RING: gl.constexpr, CHAIN: gl.constexpr,
+def ring_gemms(w_desc, Ws, Buf, Xq, Xs, Scratch, Meta, Cnt, Flag, stride, n_gemms, no_cols, RING: gl.constexpr, CHAIN: gl.constexpr,
                ASYNC: gl.constexpr, WORK: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
     pid, programs = gl.program_id(0), gl.num_programs(0)
     XL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])  # rows [16, 128]
@@ -173,7 +173,7 @@ def ring_gemms(w_desc, Ws, Buf, Xq, Xs, Meta, Cnt, Flag, stride, n_gemms, no_col
                 pg, pt, pend = _advance(Meta, pg, pt, pend, pid, programs, n_gemms)
                 j += 1
             else:
-                if WORK == 6:  # rows quantized beforehand: e4m3 [16, 128] and their scales, read from L2
+                if WORK >= 6:  # rows quantized beforehand: e4m3 [16, 128] and their scales, read from L2
                     q = q_next
                     if s + 1 < hi:
                         q_next = _qrows(Xq, ((s + 1) % kt) * 128)
@@ -217,6 +217,8 @@ def ring_gemms(w_desc, Ws, Buf, Xq, Xs, Meta, Cnt, Flag, stride, n_gemms, no_col
                     ptr = Buf + out_r[None, :] * stride + out_col + n * 128 + out_c[:, None]
                     if WORK % 4 == 2:  # all work (2), or rows quantized beforehand (6)
                         gl.atomic_add(ptr, acc, sem="relaxed", scope="gpu")
+                    elif WORK == 8:  # diagnostics: the sums stored, not added (one scratch tile a program)
+                        gl.store(Scratch + pid * 2048 + out_r[None, :] * 128 + out_c[:, None], acc)
                     else:  # diagnostics: no atomics (a store the host's 0 columns never let happen)
                         gl.store(ptr, acc, mask=out_c[:, None] < no_cols)
                     acc = gl.zeros([128, 16], gl.float32, AL)
@@ -263,6 +265,7 @@ class Step:
             xq.view(torch.uint8).reshape(ROWS, FFN).contiguous(),
             (amax / QMAX).reshape(ROWS, -1),
         )
+        self.scratch = torch.zeros(4 * 132, ROWS * TILE, device=device)  # work 8: a tile of sums a program
         self.cnt = torch.zeros(len(shapes), dtype=torch.int32, device=device)
         self.flag = torch.zeros(1, dtype=torch.int32, device=device)
 
@@ -314,7 +317,7 @@ def run_ring(
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     desc = TensorDescriptor.from_tensor(step.w, [TILE, TILE], layout)
     grid = (sms * per_sm,)
-    return ring_gemms[grid](desc, step.ws, step.buf, step.xq, step.xs, meta, step.cnt, step.flag, step.buf.stride(0), len(step.shapes), 0,
+    return ring_gemms[grid](desc, step.ws, step.buf, step.xq, step.xs, step.scratch, meta, step.cnt, step.flag, step.buf.stride(0), len(step.shapes), 0,
                      RING=ring, CHAIN=chain, ASYNC=bool(asyn), WORK=work, num_warps=warps)  # fmt: skip
 
 
@@ -372,7 +375,8 @@ def engine_baseline(step: Step, w8a8: bool) -> float:
 # what a variant's loop does (`work`): 2 all of it; 1 no atomics (the sums dropped); 0 the weight stream alone
 # (wait for the tile, refill its slot); 3 the rows and their quantization, no multiply, no atomics; 5 the
 # multiply alone (each GEMM's first rows quantized once, no atomics); 6 all, the rows read already quantized
-# (e4m3 and scales prepared by torch; streaming only)
+# (e4m3 and scales prepared by torch; streaming only); 8 as 6 with the sums stored to a tile of their own a
+# program instead of added atomically (wrong results)
 WORKS = {
     2: "",
     1: ", no atomics",
@@ -380,6 +384,7 @@ WORKS = {
     3: ", no multiply, no atomics",
     5: ", multiply only",
     6: ", rows quantized beforehand",
+    8: ", rows quantized beforehand, sums stored",
 }
 # (chain, ring, CTAs an SM, warps, async, work); a chain needs every CTA resident at once (their shared memory
 # and registers). `python3 studies/fp8_ring.py 0,4,3,4,1,2 ...` runs the ones named
