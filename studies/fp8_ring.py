@@ -125,8 +125,9 @@ def _wait(Cnt, Flag, g, programs):
 
 
 @gluon.jit
-def ring_gemms(w_desc, Ws, Buf, Xq, Xs, Scratch, Meta, Cnt, Flag, stride, n_gemms, no_cols, RING: gl.constexpr, CHAIN: gl.constexpr,
-               ASYNC: gl.constexpr, WORK: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+def ring_gemms(w_desc, Ws, Buf, Xq, Xs, Scratch, Meta, Cnt, Flag, stride, n_gemms, no_cols,
+               RING: gl.constexpr, CHAIN: gl.constexpr, ASYNC: gl.constexpr, WORK: gl.constexpr,
+               num_warps: gl.constexpr):  # fmt: skip
     pid, programs = gl.program_id(0), gl.num_programs(0)
     XL: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])  # rows [16, 128]
     AL: gl.constexpr = gl.NVMMADistributedLayout(
@@ -155,16 +156,16 @@ def ring_gemms(w_desc, Ws, Buf, Xq, Xs, Scratch, Meta, Cnt, Flag, stride, n_gemm
             if g > 0:
                 _wait(Cnt, Flag, g - 1, programs)
         acc = gl.zeros([128, 16], gl.float32, AL)
+        w_scale = gl.load(Ws + first + lo)
+        xs = gl.zeros([16], gl.float32, gl.SliceLayout(0, AL))
         x_next = _rows(Buf, stride, in_col + (lo % kt) * 128, XL)
-        if (
-            ASYNC
-        ):  # the first step's rows quantized here; each step quantizes the next one's under its multiply
+        if WORK >= 6:
+            q_next = _qrows(Xq, (lo % kt) * 128)
+        if ASYNC:
+            # the first step's rows quantized here; each step quantizes the next one's under its multiply
             xs = _quantize(x_next, xq_smem.index(0), AL)
             x_next = _rows(Buf, stride, in_col + ((lo + 1) % kt) * 128, XL)
         cur = 0
-        w_scale = gl.load(Ws + first + lo)
-        xs = gl.zeros([16], gl.float32, gl.SliceLayout(0, AL))
-        q_next = _qrows(Xq, (lo % kt) * 128)
         for s in range(lo, hi):
             k = s % kt
             if WORK == 0:  # diagnostics: the weight stream alone (wait for the tile, refill its slot)
