@@ -1,10 +1,11 @@
 """A verify step's 144 FP8 projections (a Qwen3-8B shape, 16 rows) in one persistent kernel on the FP8 tensor
 cores, against the engine's launched kernels: what bounds the weight stream once no kernel boundary stops it?
 
-A measurement, not used by the engine (docs/performance.md, FP8 targets). Run on a Hopper GPU from the
-repository root with Triton 3.6: `python3 studies/fp8_ring.py [VARIANT ...]` (`VARIANTS` below; one CUDA graph
-per variant, the median of 3 replays). It prints one line per variant, a check of the outputs against torch
-where the variant computes them all, and the engine's tuned launched kernels over the same bytes.
+A measurement, not used by the engine (docs/performance.md, FP8 targets). Run on a Hopper GPU with Triton 3.6
+and the package importable (installed, or the repository root on PYTHONPATH): `python3 studies/fp8_ring.py
+[VARIANT ...]` (`VARIANTS` below; one CUDA graph per variant, the median of 3 replays). It prints one line per
+variant, a check of the outputs against torch where the variant computes them all, and the engine's tuned
+launched kernels over the same bytes.
 
 The kernel (`ring_gemms`), one program per CTA, all resident for the whole run:
 - all 144 weights in one e4m3 tensor laid out tile by tile ([tiles x 128, 128]: each 128 x 128 tile one
@@ -38,6 +39,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from dflash_zoo.cuda.ops.runtime import graph_ms
 
 ROWS, TILE, QMAX = 16, 128, 448.0
 HIDDEN, KV, FFN, LAYERS = 4096, 1024, 12288, 36  # Qwen3-8B
@@ -327,23 +330,9 @@ def reset_and_run(step: Step, *args) -> None:
     run_ring(step, *args)
 
 
-def graph_us(fn, reps: int = 3, rounds: int = 3) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return sorted(times)[rounds // 2]
+def graph_us(fn, reps: int = 3) -> float:
+    """Microseconds a call: the engine's timer (`reps` calls in one CUDA graph, the median of 3 replays)."""
+    return graph_ms(fn, reps=reps) * 1e3
 
 
 def check(step: Step, meta: torch.Tensor, label: str) -> None:
