@@ -365,8 +365,8 @@ def engine_baseline(step: Step, w8a8: bool) -> float:
 # what a variant's loop does (`work`): 2 all of it; 1 no atomics (the sums dropped); 0 the weight stream alone
 # (wait for the tile, refill its slot); 3 the rows and their quantization, no multiply, no atomics; 5 the
 # multiply alone (each GEMM's first rows quantized once, no atomics); 6 all, the rows read already quantized
-# (e4m3 and scales prepared by torch; streaming only); 8 as 6 with the sums stored to a tile of their own a
-# program instead of added atomically (wrong results)
+# (e4m3 and scales prepared by torch; streaming only); 7 as 6 without the sums going out; 8 as 6 with the sums
+# stored to a tile of their own a program instead of added atomically (wrong results)
 WORKS = {
     2: "",
     1: ", no atomics",
@@ -374,6 +374,7 @@ WORKS = {
     3: ", no multiply, no atomics",
     5: ", multiply only",
     6: ", rows quantized beforehand",
+    7: ", rows quantized beforehand, no sums out",
     8: ", rows quantized beforehand, sums stored",
 }
 # (chain, ring, CTAs an SM, warps, async, work); a chain needs every CTA resident at once (their shared memory
