@@ -269,7 +269,8 @@ class Step:
             xq.view(torch.uint8).reshape(ROWS, FFN).contiguous(),
             (amax / QMAX).reshape(ROWS, -1),
         )
-        self.scratch = torch.zeros(4 * 132, ROWS * TILE, device=device)  # work 8: a tile of sums a program
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+        self.scratch = torch.zeros(4 * sms, ROWS * TILE, device=device)  # work 8: a tile of sums a program
         self.cnt = torch.zeros(len(shapes), dtype=torch.int32, device=device)
         self.flag = torch.zeros(1, dtype=torch.int32, device=device)
 
@@ -321,8 +322,11 @@ def run_ring(
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     desc = TensorDescriptor.from_tensor(step.w, [TILE, TILE], layout)
     grid = (sms * per_sm,)
-    return ring_gemms[grid](desc, step.ws, step.buf, step.xq, step.xs, step.scratch, meta, step.cnt, step.flag, step.buf.stride(0), len(step.shapes), 0,
-                     RING=ring, CHAIN=chain, ASYNC=bool(asyn), WORK=work, num_warps=warps)  # fmt: skip
+    if per_sm > 4:
+        raise ValueError("at most 4 CTAs an SM (the scratch tiles of work 8)")
+    return ring_gemms[grid](desc, step.ws, step.buf, step.xq, step.xs, step.scratch, meta, step.cnt, step.flag,
+                            step.buf.stride(0), len(step.shapes), 0, RING=ring, CHAIN=chain, ASYNC=bool(asyn),
+                            WORK=work, num_warps=warps)  # fmt: skip
 
 
 def reset_and_run(step: Step, *args) -> None:
