@@ -47,14 +47,16 @@ HIDDEN, KV, FFN, LAYERS = 4096, 1024, 12288, 36  # Qwen3-8B
 # (N, K) of a layer's projections in step order: q/k/v, o, gate/up, down
 SHAPES = [(HIDDEN + 2 * KV, HIDDEN), (HIDDEN, HIDDEN), (2 * FFN, HIDDEN), (HIDDEN, FFN)]
 FFN_TILES = gl.constexpr(FFN // TILE)  # the shared input's 128-column groups
-META = 8  # int32 fields a GEMM: N tiles, K tiles, first tile, output column, input column, steps
+META = gl.constexpr(
+    8
+)  # int32 fields a GEMM: N tiles, K tiles, first tile, output column, input column, steps
 SPIN_LIMIT = gl.constexpr(1 << 20)  # a wait gives up (and counts it) after this many polls: no hang
 
 
 @gluon.jit
 def _meta(Meta, g):
     """GEMM g's (K tiles, first tile, output column, input column, steps)."""
-    m = Meta + g * 8
+    m = Meta + g * META
     return gl.load(m + 1), gl.load(m + 2), gl.load(m + 3), gl.load(m + 4), gl.load(m + 5)
 
 
@@ -79,7 +81,7 @@ def _advance(Meta, g, tile, end, pid, programs, n_gemms):
     tile += 1
     if tile == end:
         g += 1
-        m = Meta + gl.minimum(g, n_gemms - 1) * 8
+        m = Meta + gl.minimum(g, n_gemms - 1) * META
         lo, hi = _share(gl.load(m + 5), pid, programs)
         first = gl.load(m + 2)
         tile, end = first + lo, first + hi
@@ -237,6 +239,14 @@ def ring_gemms(w_desc, Ws, Buf, Xq, Xs, Scratch, Meta, Cnt, Flag, stride, n_gemm
 
 
 # ---- the host side --------------------------------------------------------------------------------------------
+def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [16, K] -> e4m3 [16, K / 128, 128] and scales [16, K / 128, 1] as the kernel computes them: times
+    448 / amax (not `fp8_format.quantize_rows`' IEEE quotient by amax / 448, which differs in the last bit)."""
+    g = x.view(x.shape[0], -1, TILE)
+    amax = g.abs().amax(-1, keepdim=True).clamp_min(1e-30)
+    return (g * (QMAX / amax)).clamp(-QMAX, QMAX).to(torch.float8_e4m3fn), amax / QMAX
+
+
 class Step:
     """The 144 weights tile by tile, their scales, the rows/outputs buffer and each GEMM's metadata."""
 
@@ -262,13 +272,8 @@ class Step:
         self.buf = torch.zeros(ROWS, self.out_col[-1] + shapes[-1][0], device=device)
         self.buf[:, : self.in0].normal_()
         # the shared input quantized beforehand (work 6): e4m3 bytes [16, FFN] and scales [16, FFN / 128]
-        x = self.buf[:, : self.in0].view(ROWS, FFN // TILE, TILE)
-        amax = x.abs().amax(-1, keepdim=True).clamp_min(1e-30)
-        xq = (x * (QMAX / amax)).clamp(-QMAX, QMAX).to(torch.float8_e4m3fn)
-        self.xq, self.xs = (
-            xq.view(torch.uint8).reshape(ROWS, FFN).contiguous(),
-            (amax / QMAX).reshape(ROWS, -1),
-        )
+        xq, xs = quantize_groups(self.buf[:, : self.in0])
+        self.xq, self.xs = xq.view(torch.uint8).reshape(ROWS, FFN).contiguous(), xs.reshape(ROWS, -1)
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
         self.scratch = torch.zeros(4 * sms, ROWS * TILE, device=device)  # work 8: a tile of sums a program
         self.cnt = torch.zeros(len(shapes), dtype=torch.int32, device=device)
@@ -299,9 +304,8 @@ class Step:
     def reference(self, g: int, meta: torch.Tensor) -> torch.Tensor:
         """GEMM g in torch from the input the kernel read: rows quantized per 128 columns, tile by tile."""
         (n, k), in_col = self.shapes[g], int(meta[g, 4])
-        x = self.buf[:, in_col : in_col + k].view(ROWS, k // TILE, TILE)
-        amax = x.abs().amax(-1, keepdim=True).clamp_min(1e-30)
-        xq = (x * (QMAX / amax)).clamp(-QMAX, QMAX).to(torch.float8_e4m3fn).float()
+        xq, xs = quantize_groups(self.buf[:, in_col : in_col + k])
+        xq = xq.float()
         t = self.first[g]
         w = (
             self.w[t * TILE : (t + (n // TILE) * (k // TILE)) * TILE]
@@ -310,7 +314,7 @@ class Step:
         )
         s = self.ws[t : t + (n // TILE) * (k // TILE)].view(n // TILE, k // TILE)
         # [rows, kt, c] x [nt, kt, o, c] -> [rows, nt, kt, o], each product times its scales
-        prod = torch.einsum("rkc,nkoc->rnko", xq, w) * s[None, :, :, None] * (amax / QMAX)[:, None, :, :]
+        prod = torch.einsum("rkc,nkoc->rnko", xq, w) * s[None, :, :, None] * xs[:, None, :, :]
         return prod.sum(2).reshape(ROWS, n)
 
 
