@@ -47,9 +47,8 @@ HIDDEN, KV, FFN, LAYERS = 4096, 1024, 12288, 36  # Qwen3-8B
 # (N, K) of a layer's projections in step order: q/k/v, o, gate/up, down
 SHAPES = [(HIDDEN + 2 * KV, HIDDEN), (HIDDEN, HIDDEN), (2 * FFN, HIDDEN), (HIDDEN, FFN)]
 FFN_TILES = gl.constexpr(FFN // TILE)  # the shared input's 128-column groups
-META = gl.constexpr(
-    8
-)  # int32 fields a GEMM: N tiles, K tiles, first tile, output column, input column, steps
+# int32 fields a GEMM: N tiles, K tiles, first tile, output column, input column, steps (and padding)
+META = gl.constexpr(8)
 SPIN_LIMIT = gl.constexpr(1 << 20)  # a wait gives up (and counts it) after this many polls: no hang
 
 
