@@ -70,7 +70,8 @@ def target_attention(slug: str) -> list[dict]:
     mla = "kv_lora_rank" in text
     sizes = {text["kv_lora_rank"] + text["qk_rope_head_dim"]} if mla else {text.get("head_dim", 128)}
     sizes |= {text["global_head_dim"]} if "global_head_dim" in text else set()
-    sizes |= {512} if cfg.get("model_type") == "gemma4" else set()  # Gemma 4 global layers: head dim 512
+    # Gemma 4 (and the 12B's gemma4_unified) full-attention layers: head dim 512, the config classes' default
+    sizes |= {512} if cfg.get("model_type") in ("gemma4", "gemma4_unified") else set()
     sink = cfg.get("model_type") == "gpt_oss"
     swa = "sliding_attention" in (text.get("layer_types") or [])
     return [dict(head_size=s, use_mla=mla, has_sink=sink, has_sliding_window=swa) for s in sorted(sizes)]

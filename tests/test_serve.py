@@ -66,7 +66,7 @@ def test_every_entry_and_engine(slug, engine):
         assert config["method"] == "dflash" and config.get("revision") == pinned  # DFlash 2: same method
         assert config["attention_backend"] == "flash_attn"  # drafter backend inside the speculative config
         forced = argv[argv.index("--attention-backend") + 1] if "--attention-backend" in argv else None
-        assert forced == ("triton_attn" if entry.adapter == "gemma4" else None)
+        assert forced == ("triton_attn" if entry.adapter in ("gemma4", "gemma4_unified") else None)
         assert doc["env"] == {}
     else:
         assert argv[argv.index("--speculative-num-draft-tokens") + 1] == str(block)
@@ -127,6 +127,8 @@ def test_tensor_parallel_from_gpu_memory():
     assert sv.tensor_parallel_size(160 * 10**9, [gib141] * 8) == 2
     assert sv.tensor_parallel_size(2000 * 10**9, [gib80] * 4) == 4  # never more than the visible GPUs
     assert sv.tensor_parallel_size(None, [], hint=8) == 8
+    assert sv.tensor_parallel_size(None, [gib80] * 8, hint=8) == 8  # size unknown: the hint, not 1
+    assert sv.tensor_parallel_size(None, [gib80] * 4, hint=8) == 4  # capped at the visible GPUs
 
 
 def test_minimax_without_block_size_is_a_clear_error():
@@ -147,6 +149,8 @@ def test_pins_from_the_lock_file(tmp_path):
     assert sg[sg.index("--revision") + 1] == SHA_T
     other = json.loads(serve("qwen3-8b", "vllm", "--json", "--target", "me/finetune")[1])["argv"]
     assert "--revision" not in other  # a target pin never applies to another target
+    same = json.loads(serve("qwen3-8b", "vllm", "--json", "--target", "Qwen/Qwen3-8B")[1])["argv"]
+    assert same[same.index("--revision") + 1] == SHA_T  # naming the registered target keeps its pin
 
 
 def fake_engine(tmp_path: Path, dist: str, version: str) -> dict[str, str]:
@@ -188,6 +192,7 @@ def test_serve_does_not_import_torch():
 
 def test_recipes_are_data():
     assert sv.recipe_for("gemma4", "vllm").target_backend == "triton_attn"
+    assert sv.recipe_for("gemma4_unified", "vllm").target_backend == "triton_attn"  # 12B: 512-wide heads too
     assert sv.recipe_for("kimi_k25", "vllm").target_backend is None  # never force a backend onto MLA
     assert sv.recipe_for("unknown_family", "sglang") == sv.recipe_for("qwen3", "sglang")
     assert sv.version_tuple("0.5.11.post1") == (0, 5, 11) and sv.version_tuple("0.21.0rc1") == (0, 21, 0)
@@ -261,3 +266,63 @@ def test_serve_does_not_need_dflash_zoos_adapter(tmp_path, monkeypatch):
     assert code == 0 and out.startswith("vllm serve me/future-target") and "cannot run future here" in err
     code, _, err = cli("serve", "blocked", "--engine", "vllm", "--dry-run")
     assert code != 0 and "the engines cannot serve it" in err
+
+
+def test_options_before_the_separator_are_dflash_zoos():
+    """A misspelt option is a usage error, not an engine argument (the engine is never launched), and --json
+    without --dry-run is refused rather than launching; engine arguments go after `--`."""
+    for more in (["--dryrun"], ["--dry_run"], ["--max-model-len", "64"]):
+        code, out, err = cli("serve", "qwen3-8b", "--engine", "vllm", *more)
+        assert code == 2 and out == "" and "Traceback" not in err, (more, err)
+    code, out, _ = cli("serve", "qwen3-8b", "--engine", "vllm", "--json")
+    assert code == 2 and "add --dry-run" in json.loads(out)["error"]  # --json: the error as JSON
+    code, out, _ = serve("qwen3-8b", "vllm", "--json", "--", "--max-model-len", "64")
+    assert code == 0 and json.loads(out)["argv"][-2:] == ["--max-model-len", "64"]
+
+
+def test_a_drafter_outside_the_registry_meets_its_engine_needs(tmp_path):
+    """A drafter named by repo id or local folder is held to what its own config.json needs: DFlash 2's engine
+    release and vLLM's mask id, as a registry entry with that config is."""
+    fixtures = ROOT / "tests" / "fixtures" / "configs"
+    dflash2 = json.loads((fixtures / "qwen3.8-27b" / "draft.json").read_text())
+    cache_draft_config(tmp_path, "me/my-dflash2", dflash2)
+    env = fake_engine(tmp_path, "vllm", "0.27.1")
+    args = (
+        "serve",
+        "me/my-dflash2",
+        "--engine",
+        "vllm",
+        "--target",
+        "Qwen/Qwen3.8-27B",
+        "--dry-run",
+        "--json",
+    )
+    run = run_cli(env, *args)
+    assert run.returncode == 3 and "dflash2 drafters need vllm >= 0.28.0" in run.stderr
+    folder = tmp_path / "my-drafter"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(dflash2))
+    run = run_cli(env, "serve", str(folder), "--engine", "vllm", "--target", "t/t", "--dry-run", "--json")
+    assert run.returncode == 3 and "dflash2 drafters" in run.stderr
+    run = run_cli(fake_engine(tmp_path / "new", "vllm", "0.28.0"), "serve", str(folder), "--engine", "vllm",
+                  "--target", "t/t", "--dry-run", "--json")  # fmt: skip
+    config = json.loads(json.loads(run.stdout)["argv"][4])
+    assert run.returncode == 0 and config["model"] == str(folder) and config["num_speculative_tokens"] == 7
+    no_mask = json.loads((fixtures / "llama3.1-8b-instruct" / "draft.json").read_text())
+    cache_draft_config(tmp_path, "me/llama-drafter", no_mask)
+    code, out, err = cli("serve", "me/llama-drafter", "--engine", "vllm", "--target", "t/t", "--dry-run")
+    assert code == 3 and out == "" and "mask_token_id" in err
+    assert cli("serve", "me/llama-drafter", "--engine", "sglang", "--target", "t/t", "--dry-run")[0] == 0
+
+
+def test_tensor_parallel_splits_every_layers_heads(tmp_path):
+    """Laguna-S-2.1 has 48 query heads on its full layers and 72 on its sliding ones: --tp must split both."""
+    target = json.loads(
+        (ROOT / "tests" / "fixtures" / "configs" / "laguna-s-2.1" / "target.json").read_text()
+    )
+    cache_draft_config(tmp_path, "poolside/Laguna-S-2.1", target)
+    for tp, code in ((8, 0), (24, 0), (16, 2), (48, 2)):
+        got, _, err = serve("laguna-s-2.1", "vllm", "--tp", str(tp))
+        assert got == code, (tp, err)
+    _, _, err = serve("laguna-s-2.1", "vllm", "--tp", "16")
+    assert "72 attention heads" in err and "use --tp 1, 2, 4, 8 or 24" in err

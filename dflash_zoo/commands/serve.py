@@ -7,12 +7,13 @@ import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 
 from dflash_zoo.commands.hubcmds import HUB_ENV, Ref, resolve
 from dflash_zoo.commands.serve_checks import check_overrides
-from dflash_zoo.errors import IncompatiblePairError, ZooError
+from dflash_zoo.errors import IncompatiblePairError, NotFoundError, ZooError
 from dflash_zoo.output import emit_json, hint, info
 from dflash_zoo.zoo import hub
 
@@ -21,7 +22,7 @@ _SERVE_ENV = """
   CUDA_VISIBLE_DEVICES    the GPUs whose memory sizes --tp when it is not given"""
 
 
-@click.command(epilog=HUB_ENV + _SERVE_ENV, context_settings={"ignore_unknown_options": True})
+@click.command(epilog=HUB_ENV + _SERVE_ENV)
 @click.argument("model_id")
 @click.option("--engine", type=click.Choice(["vllm", "sglang"]), required=True, help="Serving engine.")
 @click.option("--target", default=None, help="Target model (required for a plain draft repo id).")
@@ -36,6 +37,7 @@ _SERVE_ENV = """
 def serve(model_id, engine, target, port, tp, block_size, dry_run, as_json, extra):
     """Validate a pair, then build and run the vLLM / SGLang launch command (args after -- are passed on).
 
+    MODEL_ID is a registry id, a drafter's Hub repo id or a local drafter folder (the last two need --target).
     Exits 3 when the engine cannot serve the pair, or the installed engine is too old for it.
 
     \b
@@ -47,10 +49,11 @@ def serve(model_id, engine, target, port, tp, block_size, dry_run, as_json, extr
     """
     from dflash_zoo.zoo import serve as sv
 
-    ref = resolve(model_id)
-    spec, name = _serve_spec(ref, engine, target, port, tp, block_size, extra)
+    if as_json and not dry_run:
+        raise click.UsageError("--json prints the command instead of running it: add --dry-run")
+    ref = _resolve_draft(model_id)
+    spec, name, arch = _serve_spec(ref, engine, target, port, tp, block_size, extra)
     installed = sv.installed_version(engine)
-    arch = ref.entry.draft.architecture if ref.entry else None
     why = (
         f"{arch} drafters need {engine} >= {spec.recipe.min_version}" if arch in sv.ARCH_MIN_VERSIONS else ""
     )
@@ -73,10 +76,27 @@ def serve(model_id, engine, target, port, tp, block_size, dry_run, as_json, extr
     os.execvp(argv[0], argv)
 
 
-def _serve_spec(ref: Ref, engine: str, target, port, tp, block_size, extra: tuple[str, ...]):
-    """Check the pair and gather target, draft, block size, pins, recipe and tensor parallelism.
+def _resolve_draft(model_id: str) -> Ref:
+    """A registry entry first; else an existing local folder (as `from_pretrained` prefers it to a repo id of
+    the same spelling); else a Hub repo id."""
+    local = Path(model_id).expanduser()
+    try:
+        ref = resolve(model_id)
+    except NotFoundError:
+        if not local.is_dir():
+            raise
+        ref = None
+    if ref is None or (ref.entry is None and local.is_dir()):
+        return Ref(model_id, str(local.resolve()), None)
+    return ref
 
-    A plain repo id only warns (no registry check) and gets the engine's default recipe.
+
+def _serve_spec(ref: Ref, engine: str, target, port, tp, block_size, extra: tuple[str, ...]):
+    """Check the pair and gather target, draft, block size, pins, recipe and tensor parallelism; also the
+    drafter's architecture (None: unknown), which may raise the engine's minimum version.
+
+    A plain repo id or a local folder only warns (no registry check), gets the engine's default recipe and is
+    held to what its config.json says the engine needs (the architecture's release, vLLM's mask id).
     """
     from dflash_zoo.zoo import serve as sv
     from dflash_zoo.zoo.registry import read_pins, refuse_unrunnable
@@ -86,10 +106,15 @@ def _serve_spec(ref: Ref, engine: str, target, port, tp, block_size, extra: tupl
         if target is None:
             raise click.UsageError(f"{ref.name} is not a registry entry: pass --target with the target model")
         hint(f"{ref.name} is not in the registry: the pair is not validated; run `dflash-zoo check` first")
-        check_overrides(tp, block_size, target, None, ref.name, lambda: _config_block_size(ref.repo_id, None))
-        block = block_size or _config_block_size(ref.repo_id, None)
-        recipe = sv.recipe_for("", engine)
-        return sv.ServeSpec(target, ref.repo_id, block, None, port, extra, None, recipe, tp or 1), ref.name
+        config = _plain_draft_config(ref, block_size)
+        check_overrides(tp, block_size, target, None, ref.name, lambda: config and config.block_size)
+        if engine == "vllm" and config is not None and config.mask_token_id is None:
+            raise _no_mask_id(ref.name)
+        arch = config.arch if config is not None else None
+        recipe = sv.recipe_for("", engine, architecture=arch)
+        block = block_size or config.block_size
+        spec = sv.ServeSpec(target, ref.repo_id, block, None, port, extra, None, recipe, tp or 1)
+        return spec, ref.name, arch
     refuse_unrunnable(entry, hint="`dflash-zoo list` shows the entries that can be served")  # author-marked
     if entry.status == "unsupported-here":  # dflash-zoo's own adapter is missing: the engine needs none
         hint(
@@ -100,7 +125,7 @@ def _serve_spec(ref: Ref, engine: str, target, port, tp, block_size, extra: tupl
     pins = read_pins(entry)
     draft_rev = pins.draft or entry.draft_revision
     # the pinned target commit only applies to the registered target, not a --target override
-    target_rev = None if target else (pins.target or entry.target_revision)
+    target_rev = None if target not in (None, entry.target_repo) else (pins.target or entry.target_revision)
     trained = lambda: entry.draft.block_size or _entry_block_size(entry, draft_rev)  # noqa: E731
     check_overrides(tp, block_size, target or entry.target_repo, target_rev, entry.slug, trained)
     block = block_size or trained()
@@ -110,7 +135,29 @@ def _serve_spec(ref: Ref, engine: str, target, port, tp, block_size, extra: tupl
     spec = sv.ServeSpec(
         target or entry.target_repo, entry.draft_repo, block, draft_rev, port, extra, target_rev, recipe, size
     )
-    return spec, entry.slug
+    return spec, entry.slug, entry.draft.architecture
+
+
+def _plain_draft_config(ref: Ref, block_size: int | None):
+    """The config.json of a drafter that is not a registry entry (a local folder's; a repo's from the cache,
+    else the Hub), or None when --block-size is given and it cannot be read (then unchecked, with a hint).
+
+    Raises:
+        ZooError: the config cannot be read and no --block-size was given.
+    """
+    from dflash_zoo.engine.config import load_draft_config
+
+    try:
+        if Path(ref.repo_id).is_dir():
+            return load_draft_config(ref.repo_id)
+        return load_draft_config(hub.snapshot(ref.repo_id, None, allow_patterns=["config.json"]))
+    except ZooError as exc:
+        if not block_size:
+            raise
+        hint(
+            f"{ref.name}'s config.json could not be read ({exc}): its architecture and mask id are unchecked"
+        )
+        return None
 
 
 def _vllm_mask_id(entry, revision: str) -> None:
@@ -134,12 +181,15 @@ def _vllm_mask_id(entry, revision: str) -> None:
             "to know)"
         )
     if mask is None:
-        raise IncompatiblePairError(
-            f"vllm cannot serve {entry.slug}: its drafter's config.json has no mask_token_id, which vLLM "
-            "requires",
-            hint="use --engine sglang (it falls back to the tokenizer's <|MASK|> token); vLLM needs a "
-            "drafter whose config.json has dflash_config.mask_token_id",
-        )
+        raise _no_mask_id(entry.slug)
+
+
+def _no_mask_id(name: str) -> IncompatiblePairError:
+    return IncompatiblePairError(
+        f"vllm cannot serve {name}: its drafter's config.json has no mask_token_id, which vLLM requires",
+        hint="use --engine sglang (it falls back to the tokenizer's <|MASK|> token); vLLM needs a "
+        "drafter whose config.json has dflash_config.mask_token_id",
+    )
 
 
 def _entry_block_size(entry, revision: str) -> int:

@@ -50,26 +50,32 @@ def check_block_size(block_size: int, trained: int | None, name: str) -> None:
 
 
 def check_tensor_parallel(tp: int, target: str, revision: str | None) -> None:
-    """Refuse a `--tp` that does not split the target's attention heads and KV heads."""
+    """Refuse a `--tp` that does not split the target's attention heads (of every layer) and KV heads."""
     heads = target_heads(target, revision)
     if heads is None:
         hint(f"could not read {target}'s config.json to check --tp {tp} against its attention heads")
         return
-    q, kv = heads
-    if q % tp == 0 and (kv % tp == 0 or tp % kv == 0):
+    qs, kv = heads
+
+    def splits(t: int) -> bool:
+        return all(q % t == 0 for q in qs) and (kv % t == 0 or t % kv == 0)
+
+    if splits(tp):
         return
-    fits = [t for t in range(1, 65) if q % t == 0 and (kv % t == 0 or t % kv == 0)]
-    what = f"{q} attention heads" if q % tp else f"{kv} KV heads"
+    fits = [t for t in range(1, 65) if splits(t)]
+    q_text = " and ".join(map(str, qs))
+    what = f"{next(q for q in qs if q % tp)} attention heads" if any(q % tp for q in qs) else f"{kv} KV heads"
     raise InvalidArgumentError(
-        f"--tp {tp} does not split {target}'s {what} evenly ({q} query heads, {kv} KV heads)",
+        f"--tp {tp} does not split {target}'s {what} evenly ({q_text} query heads, {kv} KV heads)",
         hint=f"use --tp {', '.join(map(str, fits[:-1]))} or {fits[-1]}, or leave --tp out"
         if len(fits) > 1
         else "use --tp 1, or leave --tp out",
     )
 
 
-def target_heads(target: str, revision: str | None) -> tuple[int, int] | None:
-    """(attention heads, KV heads) of the target's text model, or None when its config cannot be read."""
+def target_heads(target: str, revision: str | None) -> tuple[tuple[int, ...], int] | None:
+    """(the query-head counts of its layers, KV heads) of the target's text model, or None when its config
+    cannot be read. Most targets have one count; Laguna lists one a layer (`num_attention_heads_per_layer`)."""
     try:
         raw = _target_config(target, revision)
     except ZooError:
@@ -78,7 +84,9 @@ def target_heads(target: str, revision: str | None) -> tuple[int, int] | None:
     q, kv = text.get("num_attention_heads"), text.get("num_key_value_heads")
     if not _count(q):
         return None
-    return q, kv if _count(kv) else q
+    per_layer = text.get("num_attention_heads_per_layer")
+    qs = {q} | ({n for n in per_layer if _count(n)} if isinstance(per_layer, list) else set())
+    return tuple(sorted(qs)), kv if _count(kv) else q
 
 
 def _count(value: Any) -> bool:

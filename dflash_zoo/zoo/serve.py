@@ -58,13 +58,15 @@ class Recipe:
 _VLLM = Recipe(min_version="0.21.0", draft_backend="flash_attn")
 _SGLANG = Recipe(min_version="0.5.11")
 # The first release of each engine that runs a drafter architecture (dflash_zoo/drafters), where later than the
-# recipe's: DFlash 2 (vLLM PR #52816, SGLang PR #35371), read from the release wheels' model registries; Laguna
-# DFlash (vLLM PR #46853, SGLang PR #29446, both merged 2026-06-26): the first releases known to carry it
-# (vLLM 0.27.0 per a public upgrade note; SGLang's merged before DFlash 2's, so 0.5.19 is an upper bound).
+# recipe's, read from the release wheels' model registries: DFlash 2 (vLLM PR #52816, SGLang PR #35371); Laguna
+# DFlash (vLLM PR #46853, SGLang PR #29446: `DFlashLagunaForCausalLM` and the Laguna target's hidden-state
+# capture first ship in vLLM 0.25.0 and SGLang 0.5.15; 0.24.0 and 0.5.14 lack the drafter class).
 ARCH_MIN_VERSIONS: dict[str, dict[str, str]] = {
     "dflash2": {"vllm": "0.28.0", "sglang": "0.5.19"},
-    "laguna_dflash": {"vllm": "0.27.0", "sglang": "0.5.19"},
+    "laguna_dflash": {"vllm": "0.25.0", "sglang": "0.5.15"},
 }
+# 512-wide global heads: FlashAttention rejects them outside FA4, the published recipe uses Triton
+_GEMMA4_VLLM = Recipe(min_version="0.21.0", target_backend="triton_attn", draft_backend="flash_attn")
 _HYBRID_NOTE = "hybrid GDN: vLLM derives mamba_cache_mode, SGLang its mamba radix strategy (no flag needed)"
 
 # (family = registry `adapter`, or an entry slug) -> engine -> recipe. A slug key wins over its family.
@@ -79,9 +81,9 @@ RECIPES: dict[str, dict[str, Recipe]] = {
     "qwen3_5_moe": {"vllm": _VLLM, "sglang": _SGLANG},
     # attention sinks: FlashAttention-2 lacks them, so the target keeps vLLM's own choice
     "gpt_oss": {"vllm": _VLLM, "sglang": _SGLANG},
-    # 512-wide global heads: FlashAttention rejects them outside FA4, the published recipe uses Triton
-    "gemma4": {"vllm": Recipe(min_version="0.21.0", target_backend="triton_attn", draft_backend="flash_attn"),
-               "sglang": _SGLANG},
+    # Gemma 4, the 12B's own model type included: 512-wide heads on the full-attention layers (_GEMMA4_VLLM)
+    "gemma4": {"vllm": _GEMMA4_VLLM, "sglang": _SGLANG},
+    "gemma4_unified": {"vllm": _GEMMA4_VLLM, "sglang": _SGLANG},
     # MLA target: never force a backend on it; remote-code tokenizer (tiktoken)
     "kimi_k25": {"vllm": Recipe(min_version="0.21.0", draft_backend="flash_attn", trust_remote_code=True),
                  "sglang": Recipe(min_version="0.5.11", trust_remote_code=True)},
@@ -225,10 +227,13 @@ def check_engine_version(recipe: Recipe, engine: str, installed: str | None, why
 def tensor_parallel_size(weight_bytes: int | None, gpu_bytes: list[int], hint: int = 1) -> int:
     """GPUs to split the target over: the smallest power of two whose memory holds its weights.
 
-    Without visible GPUs the recipe's `hint` is used. The result never exceeds the visible GPU count.
+    Without visible GPUs, or without the weights' size, the entry's `hint` is used. The result never exceeds
+    the visible GPU count.
     """
-    if not gpu_bytes or not weight_bytes:
-        return hint if not gpu_bytes else 1
+    if not gpu_bytes:
+        return hint
+    if not weight_bytes:  # size unknown: the hint, never a guess of 1
+        return min(hint, len(gpu_bytes))
     need = weight_bytes / (min(gpu_bytes) * WEIGHT_FRACTION)
     tp = 1 << max(0, math.ceil(math.log2(max(need, 1.0))))
     return min(tp, len(gpu_bytes))
