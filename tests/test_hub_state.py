@@ -148,6 +148,52 @@ def test_rm_frees_what_it_said_and_keeps_files_a_link_points_at(zoo_registry, hu
     assert mine.read_bytes() == b"x" * 8000 and not zh.repo_cache_dir(DRAFT_REPO).exists()
 
 
+def test_rm_keeps_a_users_own_files_in_the_cache(zoo_registry, hub_env):
+    """A regular file the Hub client never writes (a user's own, in a snapshot) is listed and kept."""
+    path = Path(cli("pull", "tiny-test", "-q").stdout.strip())
+    own = path / "my-lora" / "adapter.bin"
+    own.parent.mkdir()
+    own.write_bytes(b"y" * 1000)
+    said = json.loads(cli("rm", "tiny-test", "--dry-run", "--json").stdout)
+    assert said["repos"][0]["kept_files"] == [str(own)]
+    assert "kept: not from the Hub" in cli("rm", "tiny-test", "--dry-run").stdout
+    done = json.loads(cli("rm", "tiny-test", "--yes", "--json").stdout)
+    assert done["bytes_freed"] == said["expected_freed_bytes"] > 0
+    assert own.read_bytes() == b"y" * 1000 and not (zh.repo_cache_dir(DRAFT_REPO) / "blobs").exists()
+    assert sorted(p.name for p in path.iterdir()) == ["my-lora"]  # the drafter's files are gone
+
+
+def test_rm_of_a_repo_folder_linked_elsewhere_removes_only_the_link(zoo_registry, hub_env, tmp_path):
+    """A user who moved a cached repo to another disk and linked it back: `rm` unlinks, deletes nothing there."""
+    cli("pull", TARGET_REPO, "-q")
+    folder = zh.repo_cache_dir(TARGET_REPO)
+    moved = tmp_path / "otherdisk" / folder.name
+    moved.parent.mkdir()
+    folder.rename(moved)
+    folder.symlink_to(moved)
+    (moved / "NOTES.txt").write_text("mine")
+    before = sorted(str(p.relative_to(moved)) for p in moved.rglob("*"))
+    run = cli("rm", TARGET_REPO, "--yes", "--json")
+    assert run.code == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["bytes_freed"] == 0 and doc["repos"][0]["linked_to"] == str(moved)
+    assert not folder.exists() and not folder.is_symlink()
+    assert sorted(str(p.relative_to(moved)) for p in moved.rglob("*")) == before
+
+
+def test_an_alias_spelling_a_repo_id_never_redirects_rm(zoo_registry, hub_env):
+    """An extra entry may alias a repo id (`info` / `check` then pick that entry), but `rm ORG/NAME` and
+    `pull ORG/NAME` act on that repo only, never on the aliased entry's drafter."""
+    zoo_registry.write_text(
+        zoo_registry.read_text().replace('["tiny:test"]', f'["tiny:test", "{TARGET_REPO}"]')
+    )
+    assert cli("pull", "tiny-test", "--with-target", "-q").code == 0
+    run = cli("rm", TARGET_REPO, "--yes", "--json")
+    assert run.code == 0, run.stderr
+    assert [r["repo_id"] for r in json.loads(run.stdout)["repos"]] == [TARGET_REPO]
+    assert not zh.repo_cache_dir(TARGET_REPO).exists() and zh.repo_cache_dir(DRAFT_REPO).is_dir()
+
+
 FILL_DISK = """
 mount -t tmpfs -o size=256k tmpfs {cache} || exit 90
 {pull} >{out}/stdout 2>{out}/stderr &

@@ -363,6 +363,17 @@ def test_duplicate_names_both_entries(tmp_path, monkeypatch, over):
     assert "'qwen3-8b'" in msg and f"'{raw['slug']}'" in msg and "built-in" in msg
 
 
+def test_an_extra_file_that_is_not_utf8_or_is_a_folder_is_named(tmp_path, monkeypatch):
+    bad = tmp_path / "extra.yaml"
+    bad.write_bytes(b"version: 1\n# caf\xe9\nentries: []\n")
+    monkeypatch.setenv("DFLASH_ZOO_REGISTRY", str(bad))
+    with pytest.raises(ConfigError, match=r"extra\.yaml is not valid UTF-8 \(byte 16: 0xe9\)"):
+        load_registry()
+    monkeypatch.setenv("DFLASH_ZOO_REGISTRY", str(tmp_path))
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_registry()
+
+
 def test_missing_extra_file(tmp_path, monkeypatch):
     monkeypatch.setenv("DFLASH_ZOO_REGISTRY", str(tmp_path / "nope.yaml"))
     with pytest.raises(ConfigError, match="nope.yaml"):

@@ -87,6 +87,8 @@ def jobs_for(name: str, with_target: bool, revision: str | None = None) -> list[
 
     registry = load_registry()
     found = registry.lookup(name)
+    if found is not None and found[1] == "alias" and _looks_like_repo(name):
+        found = registry.lookup(name, ("target", "draft", "variant"))  # an alias spelling a repo id: the repo
     if found is not None and found[1] in ("slug", "alias"):
         entry = found[0]
         jobs = [
@@ -339,6 +341,7 @@ def _rm(model_ids, with_target, dry_run, yes, as_json) -> None:
         for repo in plan.repos:
             info(f"{verb} {repo.repo_id} ({roles[repo.repo_id]}) from {repo.folder.parent}")
         stdout().print(table(["repo", "revision", "refs", "size"], _rm_rows(plan)))
+        _say_what_stays(plan)
     if dry_run:
         if as_json:
             return emit_json(_rm_dict(plan, roles, 0, True, []))
@@ -372,7 +375,19 @@ def _rm_rows(plan: Any) -> list[tuple[str, ...]]:
             (repo.repo_id, r.commit[:12], ",".join(r.refs), human_size(r.size_bytes)) for r in repo.revisions
         ]
         rows += [(repo.repo_id, "partial download", "", human_size(p.size)) for p in repo.partials]
+        kept = "kept: not from the Hub"
+        rows += [(repo.repo_id, str(p.relative_to(repo.folder)), kept, human_size(p.stat().st_size))
+                 for p in repo.kept]  # fmt: skip
     return rows
+
+
+def _say_what_stays(plan: Any) -> None:
+    """Name what `rm` leaves in place: a user's own files, and the folder a linked repo folder points at."""
+    for repo in plan.repos:
+        if repo.linked_to:
+            info(f"{repo.folder} is a link to {repo.linked_to}: only the link goes, that folder is kept")
+        if repo.kept:
+            info(f"{len(repo.kept)} file(s) in {repo.folder} are not from the Hub (your own?): kept in place")
 
 
 def _refuse_unconfirmed(yes: bool, as_json: bool) -> None:
@@ -394,7 +409,8 @@ def _rm_dict(
 ) -> dict[str, Any]:
     repos = [
         {"repo_id": r.repo_id, "role": roles[r.repo_id], "folder": str(r.folder), "size_bytes": r.size_bytes,
-         "partial_files": [{"path": str(p.path), "size": p.size, "in_use": p.in_use} for p in r.partials]}
+         "partial_files": [{"path": str(p.path), "size": p.size, "in_use": p.in_use} for p in r.partials],
+         "kept_files": [str(p) for p in r.kept], "linked_to": str(r.linked_to) if r.linked_to else None}
         for r in plan.repos
     ]  # fmt: skip
     revs = [{"repo_id": r.repo_id, "commit": r.commit, "refs": list(r.refs), "size_bytes": r.size_bytes,

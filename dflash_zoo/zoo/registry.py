@@ -152,10 +152,11 @@ class Registry:
             raise NotFoundError(f"no registry entry named {name!r}", hint=hint)
         return found[0]
 
-    def lookup(self, name: str) -> tuple[Entry, str] | None:
-        """(entry, how) or None; `how` is one of slug, alias, target, draft, variant (tried in that order)."""
+    def lookup(self, name: str, kinds: tuple[str, ...] = _RESOLVE_ORDER) -> tuple[Entry, str] | None:
+        """(entry, how) or None; `how` is one of `kinds`: slug, alias, target, draft, variant (tried in that
+        order)."""
         key = name.strip().lower()
-        for how in _RESOLVE_ORDER:
+        for how in kinds:
             for entry in self.entries:
                 if key in (n.lower() for n in _names_of(entry, how)):
                     return entry, how
@@ -215,17 +216,31 @@ def load_registry(extra: str | Path | None = None) -> Registry:
     entries = _load_file(builtin.read_text(encoding="utf-8"), "built-in registry.yaml")
     extra = extra if extra is not None else (os.environ.get("DFLASH_ZOO_REGISTRY") or None)
     if extra is not None:
-        path = Path(extra).expanduser()
-        if not path.is_file():
-            raise ConfigError(
-                f"extra registry {path} does not exist", hint="fix or unset DFLASH_ZOO_REGISTRY"
-            )
-        try:
-            entries += _load_file(path.read_text(encoding="utf-8"), f"extra registry {path}")
-        except ConfigError as exc:  # the file DFLASH_ZOO_REGISTRY names: say how to do without it
-            raise ConfigError(str(exc), hint=exc.hint or "fix it, or unset DFLASH_ZOO_REGISTRY") from exc
+        entries += _load_extra(Path(extra).expanduser())
     _check_unique(entries)
     return Registry(tuple(_apply_adapter_rule(e) for e, _ in entries))
+
+
+def _load_extra(path: Path) -> list[tuple[Entry, str]]:
+    """The entries of the extra registry file `DFLASH_ZOO_REGISTRY` names; every failure is a ConfigError
+    naming the file and saying how to do without it."""
+    unset = "fix it, or unset DFLASH_ZOO_REGISTRY"
+    if not path.is_file():
+        what = "is a directory, not a YAML file" if path.is_dir() else "does not exist"
+        raise ConfigError(f"extra registry {path} {what}", hint=unset)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"extra registry {path} is not valid UTF-8 (byte {exc.start}: {exc.object[exc.start]:#04x})",
+            hint="re-save it as UTF-8, or unset DFLASH_ZOO_REGISTRY",
+        ) from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read extra registry {path}: {exc.strerror or exc}", hint=unset) from exc
+    try:
+        return _load_file(text, f"extra registry {path}")
+    except ConfigError as exc:  # the file DFLASH_ZOO_REGISTRY names: say how to do without it
+        raise ConfigError(str(exc), hint=exc.hint or unset) from exc
 
 
 def _load_file(text: str, source: str) -> list[tuple[Entry, str]]:

@@ -2,9 +2,13 @@
 
 `rm` removes every cached revision of a repo, so the whole `models--<org>--<name>` folder goes: snapshots,
 refs, blobs, and the `.incomplete` files interrupted downloads left in `blobs/`. The bytes reported are those
-of the regular files deleted (blobs, partial files, copies), each inode counted once; snapshot symlinks are
-not counted, since they point at blobs. A partial file whose per-blob lock is held belongs to a download in
+of the regular files deleted (blobs, partial files), each inode counted once; snapshot symlinks are not
+counted, since they point at blobs. A partial file whose per-blob lock is held belongs to a download in
 progress: the repo is then refused, not half-deleted.
+
+Nothing the Hub client did not write is destroyed: a regular file outside `blobs/`, `refs/` and `.no_exist/`
+(a user's own file put in a snapshot) is kept in place with the folders above it, and listed; a link is
+unlinked, never followed, so a repo folder that is itself a link to another disk loses only the link.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ class RepoRemoval:
     revisions: tuple[CachedRevision, ...]
     partials: tuple[PartialFile, ...]
     size_bytes: int
+    kept: tuple[Path, ...] = ()  # regular files the Hub client did not write: left in place
+    linked_to: Path | None = None  # the folder is a link to this folder: only the link is removed
 
 
 @dataclass(frozen=True)
@@ -98,8 +104,13 @@ def plan_removal(repo_ids: Sequence[str]) -> RemovalPlan:
         if not folder.is_dir():
             missing.append(repo_id)
             continue
-        repos.append(RepoRemoval(repo_id, folder, tuple(cached_revisions(repo_id)), _partials(repo_id),
-                                 _tree_bytes(folder, follow=False)))  # fmt: skip
+        revisions, partials = tuple(cached_revisions(repo_id)), _partials(repo_id)
+        if folder.is_symlink():  # moved elsewhere by the user and linked back: nothing there is deleted
+            repos.append(RepoRemoval(repo_id, folder, revisions, partials, 0, linked_to=folder.resolve()))
+            continue
+        kept = _not_from_hub(folder)
+        size = _tree_bytes(folder, follow=False, skip=set(kept))
+        repos.append(RepoRemoval(repo_id, folder, revisions, partials, size, kept))
     return RemovalPlan(tuple(repos), tuple(missing))
 
 
@@ -126,7 +137,10 @@ def execute_removal(plan: RemovalPlan) -> int:
     freed = 0
     for repo in plan.repos:
         try:
-            freed += _remove_tree(repo.folder)
+            if repo.linked_to:
+                os.unlink(repo.folder)  # the link only: what it points at is not the cache's
+            else:
+                freed += _remove_tree(repo.folder, set(repo.kept))
         except OSError as exc:
             raise DiskSpaceError(
                 f"cannot remove {repo.folder} ({cache_env_var()}): {exc.strerror or exc}",
@@ -161,14 +175,27 @@ def _partials(repo_id: str) -> tuple[PartialFile, ...]:
     )
 
 
-def _tree_bytes(root: Path, follow: bool = True) -> int:
-    """Bytes of the distinct regular files under `root`; `follow`: through snapshot symlinks to their blobs
-    (a revision's size), else the files in `root` only, which are what `_remove_tree` deletes (a link to a
-    file elsewhere is unlinked, its file kept and not counted)."""
+def _not_from_hub(folder: Path) -> tuple[Path, ...]:
+    """Regular files (not links) under a repo folder outside `blobs/`, `refs/` and `.no_exist/`: the Hub
+    client writes none there, so they are a user's own."""
+    found = []
+    for dirpath, dirs, names in os.walk(folder):
+        if Path(dirpath) == folder:
+            dirs[:] = [d for d in dirs if d not in ("blobs", "refs", ".no_exist")]
+        found += [p for n in names if stat.S_ISREG(os.lstat(p := Path(dirpath) / n).st_mode)]
+    return tuple(sorted(found))
+
+
+def _tree_bytes(root: Path, follow: bool = True, skip: set[Path] | None = None) -> int:
+    """Bytes of the distinct regular files under `root` but `skip`; `follow`: through snapshot symlinks to
+    their blobs (a revision's size), else the files in `root` only, which are what `_remove_tree` deletes (a
+    link to a file elsewhere is unlinked, its file kept and not counted)."""
     seen: set[tuple[int, int]] = set()
     total = 0
     for dirpath, _dirs, names in os.walk(root):
         for name in names:
+            if skip and Path(dirpath) / name in skip:
+                continue
             try:
                 st = os.stat(os.path.join(dirpath, name), follow_symlinks=follow)
             except OSError:
@@ -179,20 +206,28 @@ def _tree_bytes(root: Path, follow: bool = True) -> int:
     return total
 
 
-def _remove_tree(root: Path) -> int:
-    """Delete `root` bottom-up; returns the bytes of the regular files unlinked (each inode once)."""
+def _remove_tree(root: Path, keep: set[Path]) -> int:
+    """Delete `root` bottom-up but the files in `keep` (and the folders holding them); returns the bytes of
+    the regular files unlinked (each inode once)."""
+    holding = {parent for path in keep for parent in path.parents}  # folders that must stay
     seen: set[tuple[int, int]] = set()
     freed = 0
     for dirpath, dirs, names in os.walk(root, topdown=False):
         for name in names:
-            path = os.path.join(dirpath, name)
+            path = Path(dirpath) / name
+            if path in keep:
+                continue
             st = os.lstat(path)  # a symlink's own stat: links are not counted
             os.unlink(path)
             if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
                 seen.add((st.st_dev, st.st_ino))
                 freed += st.st_size
         for name in dirs:
-            path = os.path.join(dirpath, name)
-            os.unlink(path) if os.path.islink(path) else os.rmdir(path)
-    os.rmdir(root)
+            path = Path(dirpath) / name
+            if path.is_symlink():
+                os.unlink(path)
+            elif path not in holding:
+                os.rmdir(path)
+    if root not in holding:
+        os.rmdir(root)
     return freed
