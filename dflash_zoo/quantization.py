@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from dflash_zoo.errors import UnsupportedModelError
+from dflash_zoo.errors import ConfigError, UnsupportedModelError
 
 # why a quantized drafter is refused by default (formats/quantized.py; docs/quantization.md has the details)
 EVIDENCE = (
@@ -115,7 +115,12 @@ def method_of(qcfg: Any) -> str:
 
 
 def _config_dict(qcfg: Any) -> dict[str, Any]:
-    return qcfg if isinstance(qcfg, dict) else getattr(qcfg, "to_dict", lambda: vars(qcfg))()
+    """A `quantization_config` as a dict: the JSON object itself, or a loaded config object's fields."""
+    if isinstance(qcfg, dict):
+        return qcfg
+    if hasattr(qcfg, "to_dict") or hasattr(qcfg, "__dict__"):
+        return getattr(qcfg, "to_dict", lambda: vars(qcfg))()
+    raise ConfigError(f"the target's quantization_config must be a JSON object, got {qcfg!r}")
 
 
 def details(qcfg: dict[str, Any]) -> str:
@@ -334,7 +339,15 @@ def cached_report(repo: str, revision: str | None, cache_dir: str | Path) -> Qua
 def read_config(directory: str | Path) -> dict[str, Any]:
     """A model directory's `config.json` as a dict ({} when there is none: transformers reports that)."""
     path = Path(directory) / "config.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc}", hint="fix the file or fetch it again") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} is not a JSON object", hint="fix the file or fetch it again")
+    return raw
 
 
 def check_loadable(config: dict[str, Any]) -> None:

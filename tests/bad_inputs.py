@@ -313,6 +313,8 @@ CASES: dict[str, Case] = {
         "serve qwen3-8bb --engine vllm --dry-run", 1, "no registry entry named 'qwen3-8bb'", torch_free=True
     ),
     "serve-repo-without-target": case("serve org/drafter --engine vllm --dry-run", 2, "pass --target"),
+    "serve-misspelt-option": case("serve qwen3-8b --engine vllm --dryrun", 2, "No such option '--dryrun'"),
+    "serve-json-without-dry-run": case("serve qwen3-8b --engine vllm --json", 2, "add --dry-run"),
     "serve-unsupported-entry": case(
         "serve tiny-unsupported --engine vllm --dry-run", 1, "unsupported here", hub=True
     ),
@@ -328,6 +330,7 @@ CASES: dict[str, Case] = {
         "pull alpamayo-1.5-10b --json", 1, "marked unsupported here", "mask embedding", torch_free=True
     ),
     "pull-unsupported-entry": case("pull tiny-unsupported --dry-run", 1, "never runs here", hub=True),
+    "pull-malformed-repo-id": case("pull org/a--b", 2, "'org/a--b' is not a valid Hub repo id", hub=True),
     "generate-marked-entry": case("generate x -t alpamayo-1.5-10b", 1, "marked unsupported here"),
     "chat-marked-entry": case("chat glm-5.3-flash", 1, "marked unsupported here", "glm5_next"),
     "bench-marked-entry": case("bench alpamayo-r1-10b", 1, "marked unsupported here"),

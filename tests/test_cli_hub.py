@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -89,6 +90,10 @@ def test_offline_flag_uses_the_cache(zoo_registry, hub_env):
     offline = cli("pull", "tiny-test", "--offline", "-q")
     assert offline.code == 0 and offline.stdout == online.stdout
     assert hub_env.requests == []
+    weights = Path(online.stdout.strip()) / "model.safetensors"
+    weights.resolve().unlink()  # a cache cleaner took the blob: the snapshot's link dangles
+    gone = cli("pull", "tiny-test", "--offline", "--verify")
+    assert gone.code == 1 and "model.safetensors" in gone.stderr and "gone" in gone.stderr
 
 
 def test_rm_requires_yes_non_interactively_and_dry_run_keeps_files(zoo_registry, hub_env):

@@ -109,6 +109,15 @@ def test_explicit_causality_overrides_layer_types(causal, expected):
         ({"layer_types": ["sliding_attention"] * 5}, "sliding_window is not set"),
         ({"layer_types": ["linear_attention"] * 5, "sliding_window": 8}, "unsupported draft layer type"),
         ({"rope_scaling": {"rope_type": "longrope"}}, "unsupported draft rope type"),
+        ({"layer_types": 5}, "layer_types must be a list"),
+        ({"layer_types": [["full_attention"]] * 5}, "layer_types must be a list"),
+        (
+            {"layer_types": ["sliding_attention"] * 5, "sliding_window": "big"},
+            "sliding_window must be an int",
+        ),
+        ({"use_sliding_window": True, "sliding_window": 4, "max_window_layers": "x"}, "max_window_layers"),
+        ({"rope_scaling": 5}, "rope_scaling must be a JSON object"),
+        ({"rope_theta": "x"}, "rope_theta"),
     ],
 )
 def test_bad_configs_get_clear_errors(patch, message):
@@ -130,3 +139,13 @@ def test_load_from_directory_and_bad_json(tmp_path):
         load_draft_config(tmp_path)
     with pytest.raises(ConfigError, match="no config.json"):
         load_draft_config(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("patch", [{"hidden_size": None}, {"architectures": 5}, {"layer_types": 5}])
+def test_a_config_files_errors_name_the_file(tmp_path, patch):
+    """One line naming the file (a cached config's snapshot tells the revision), never an internal error."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**BASE, "num_target_layers": 36, **patch}))
+    with pytest.raises(ConfigError) as err:
+        load_draft_config(tmp_path)
+    assert str(err.value).startswith(f"{path}: ")

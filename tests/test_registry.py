@@ -374,6 +374,27 @@ def test_an_extra_file_that_is_not_utf8_or_is_a_folder_is_named(tmp_path, monkey
         load_registry()
 
 
+@pytest.mark.parametrize("record", ['"z-lab/Qwen3-8B-DFlash-b16"', '{"draft_repo": "r", "draft_commit": 5}'])
+def test_a_lock_record_of_the_wrong_shape_is_one_line(tmp_path, monkeypatch, record):
+    from dflash_zoo.zoo.registry import read_lock
+
+    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path))
+    (tmp_path / "lock.json").write_text(f'{{"qwen3-8b": {record}}}')
+    with pytest.raises(ConfigError, match="the record of 'qwen3-8b' is not an object of strings") as err:
+        read_lock()
+    assert "delete" in err.value.hint
+
+
+def test_hf_home_expands_variables_as_huggingface_hub_does(tmp_path, monkeypatch):
+    from dflash_zoo.zoo import hub
+
+    monkeypatch.setenv("BIGDISK", str(tmp_path))
+    monkeypatch.setenv("HF_HOME", "$BIGDISK/hf")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    assert hub.hf_home() == tmp_path / "hf" and hub.hub_cache_dir() == tmp_path / "hf" / "hub"
+
+
 def test_missing_extra_file(tmp_path, monkeypatch):
     monkeypatch.setenv("DFLASH_ZOO_REGISTRY", str(tmp_path / "nope.yaml"))
     with pytest.raises(ConfigError, match="nope.yaml"):

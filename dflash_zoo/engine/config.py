@@ -26,7 +26,7 @@ from typing import Any
 
 from dflash_zoo import drafters
 from dflash_zoo.drafters import DFlash2Params
-from dflash_zoo.errors import ConfigError
+from dflash_zoo.errors import ConfigError, ZooError
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 _ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -139,7 +139,14 @@ def load_draft_config(path: str | Path) -> DraftConfig:
         raise ConfigError(f"{path} is not valid JSON: {exc}", hint="fix the file or fetch it again") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} is not a JSON object", hint="fix the file or fetch it again")
-    return normalize_draft_config(raw)
+    try:
+        return normalize_draft_config(raw)
+    except ZooError as exc:  # name the file: a cached config's snapshot says which revision it is
+        raise type(exc)(f"{path}: {exc}", hint=exc.hint or "fix the file or fetch it again") from exc
+    except (TypeError, ValueError, AttributeError) as exc:  # a field of a type no check above foresaw
+        raise ConfigError(
+            f"{path}: a field has an unexpected type or value ({exc})", hint="fix the file or fetch it again"
+        ) from exc
 
 
 def normalize_draft_config(raw: dict[str, Any], num_target_layers: int | None = None) -> DraftConfig:
@@ -290,9 +297,11 @@ def _layer_types(raw: dict, layers: int) -> tuple[str, ...]:
     if types is None:
         # Qwen3-style `use_sliding_window` + `max_window_layers`: layers >= max_window_layers slide.
         if raw.get("use_sliding_window") and raw.get("sliding_window"):
-            start = int(raw.get("max_window_layers", layers))
+            start = _int(raw.get("max_window_layers", layers), "max_window_layers", minimum=0)
             return tuple(SLIDING if i >= start else FULL for i in range(layers))
         return (FULL,) * layers
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise ConfigError(f"draft config: layer_types must be a list of layer type names, got {types!r}")
     if len(types) != layers:
         raise ConfigError(f"layer_types has {len(types)} entries for {layers} layers")
     bad = sorted({t for t in types if t not in (FULL, SLIDING)})
@@ -307,7 +316,7 @@ def _sliding_window(raw: dict, layer_types: tuple[str, ...]) -> int | None:
     window = raw.get("sliding_window")
     if not window:
         raise ConfigError("layer_types has sliding_attention layers but sliding_window is not set")
-    return int(window)
+    return _int(window, "sliding_window")
 
 
 def _causality(raw: dict, dcfg: dict, layer_types: tuple[str, ...]) -> tuple[bool, ...]:
@@ -328,7 +337,9 @@ def _causality(raw: dict, dcfg: dict, layer_types: tuple[str, ...]) -> tuple[boo
 
 def _rope(raw: dict, layer_types: tuple[str, ...]) -> RopeSpec:
     params = _rope_parameters(raw, layer_types)
-    scaling = dict(raw.get("rope_scaling") or {})
+    scaling = raw.get("rope_scaling") or {}
+    if not isinstance(scaling, dict):
+        raise ConfigError(f"draft config: rope_scaling must be a JSON object, got {scaling!r}")
     merged = {**scaling, **params}
     theta = merged.get("rope_theta", raw.get("rope_theta", 10000.0))
     rtype = merged.get("rope_type", merged.get("type", "default"))
@@ -338,8 +349,9 @@ def _rope(raw: dict, layer_types: tuple[str, ...]) -> RopeSpec:
     fields.pop("type", None)
     partial = merged.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
     return RopeSpec(
-        **{**fields, "theta": float(theta), "type": rtype, "partial_rotary_factor": float(partial)}
-    )
+        **{**fields, "theta": _float(theta, "rope_theta"), "type": rtype,
+           "partial_rotary_factor": _float(partial, "partial_rotary_factor")}
+    )  # fmt: skip
 
 
 def _rope_parameters(raw: dict, layer_types: tuple[str, ...]) -> dict:

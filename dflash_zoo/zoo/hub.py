@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_zoo.errors import NotFoundError, OfflineError, ZooError
+from dflash_zoo.errors import InvalidArgumentError, NotFoundError, OfflineError, ZooError
 from dflash_zoo.zoo import fetch
 from dflash_zoo.zoo.storage import DiskSpaceError, ensure_writable, free_space_check  # noqa: F401  (re-exported)
 
@@ -60,7 +60,9 @@ def hub_endpoint() -> str:
 def hf_home() -> Path:
     """`HF_HOME`, else `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface` (huggingface_hub's rule)."""
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(os.path.expanduser(os.environ.get("HF_HOME") or os.path.join(xdg, "huggingface")))
+    return Path(
+        os.path.expandvars(os.path.expanduser(os.environ.get("HF_HOME") or os.path.join(xdg, "huggingface")))
+    )
 
 
 def hub_cache_dir() -> Path:
@@ -378,15 +380,19 @@ def _offline_plan(repo_id: str, revision: str, patterns: tuple[str, ...] | None,
         )
     commit = revision if _SHA.match(revision) else ref.read_text().strip()
     snap = storage / "snapshots" / commit
-    paths = (
-        sorted(p.relative_to(snap).as_posix() for p in snap.rglob("*") if p.is_file())
-        if snap.is_dir()
-        else []
-    )
+    entries = [p for p in snap.rglob("*") if p.is_file() or p.is_symlink()] if snap.is_dir() else []
+    paths = sorted(p.relative_to(snap).as_posix() for p in entries)
     wanted = _filter(paths, patterns)
     if not wanted:
         what = f"files matching {list(patterns)}" if patterns else "files"
         raise OfflineError(f"{repo_id} snapshot {commit[:12]} has no cached {what}; offline mode is on", hint)
+    gone = [p for p in wanted if not (snap / p).is_file()]  # a link whose blob was deleted
+    if gone:
+        raise OfflineError(
+            f"{repo_id} snapshot {commit[:12]} lists {', '.join(gone)} but its data is gone from the cache "
+            "(a link to a deleted blob); offline mode is on",
+            hint,
+        )
     files = tuple(RemoteFile(p, (snap / p).stat().st_size, True, _linked_digest(snap / p)) for p in wanted)
     return PullPlan(repo_id, revision, commit, files, patterns)
 
@@ -437,6 +443,11 @@ def hub_errors(repo_id: str, revision: str | None, offline: bool) -> Iterator[No
                 hint=f"run `dflash-zoo pull {repo_id}` while online",
             ) from exc
         raise HubUnavailableError(f"could not reach {hub_endpoint()} for {repo_id}", _RETRY) from exc
+    except e.HFValidationError as exc:  # the id itself is malformed: nothing was asked of the Hub
+        raise InvalidArgumentError(
+            f"{repo_id!r} is not a valid Hub repo id: {str(exc).splitlines()[0]}",
+            hint="a repo id is `org/name`: letters, digits, '-', '_' and '.', without '--' or '..'",
+        ) from exc
     except e.HfHubHTTPError as exc:
         status = getattr(exc.response, "status_code", None)
         if status is not None and status >= 500:

@@ -347,6 +347,12 @@ def read_lock() -> dict:
         ) from exc
     if not isinstance(data, dict):
         raise ConfigError(f"lock file {path} is not a JSON object", hint=f"delete {path} and pull again")
+    for slug, rec in data.items():  # each record: an object of strings (repos, commits, revisions, times)
+        if not isinstance(rec, dict) or not all(isinstance(v, (str, type(None))) for v in rec.values()):
+            raise ConfigError(
+                f"lock file {path}: the record of {slug!r} is not an object of strings: {rec!r}",
+                hint=f"delete {path} and pull again",
+            )
     return data
 
 
