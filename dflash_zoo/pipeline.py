@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ from dflash_zoo.engine.factory import build_engine
 from dflash_zoo.engine.results import GenerationConfig, GenerationResult, fit_to_positions, target_positions
 from dflash_zoo.engine.run import AcceptOverride, Engine, Generation
 from dflash_zoo.engine.select import EngineChoice, EngineOptions, choose_engine
-from dflash_zoo.errors import ConfigError
+from dflash_zoo.errors import ConfigError, InvalidArgumentError
 from dflash_zoo.sources import TARGET_FILES, resolve_dir
 
 log = logging.getLogger("dflash_zoo")
@@ -61,6 +62,7 @@ class Pipeline:
     processor_source: str | None = None  # where AutoProcessor loads from, for image prompts
     last_choice: EngineChoice | None = None  # the engine the last generation ran on, and why
     _engines: dict[str, Engine] = field(default_factory=dict, repr=False)
+    _current: Any = field(default=None, repr=False)  # a weakref to the latest generation: one runs at a time
 
     def __post_init__(self) -> None:
         if self.adapter is None:
@@ -72,8 +74,17 @@ class Pipeline:
 
     def encode(self, prompt: str | list[int] | list[dict], raw: bool = False) -> list[int]:
         """Token ids for a prompt: ids as given; text raw or through the chat template; or a message list."""
-        if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], int)):
-            return list(prompt)
+        if isinstance(prompt, (list, tuple)) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            return self._checked_ids(list(prompt))
+        if not isinstance(prompt, str) and not (
+            isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt)
+        ):
+            raise InvalidArgumentError(
+                f"a prompt is text, token ids or a list of chat messages, got {type(prompt).__name__}",
+                hint='e.g. "Explain KV caches", [9707, 11], or [{"role": "user", "content": "Hi"}]',
+            )
         if self.tokenizer is None:
             raise ConfigError("this target has no tokenizer; pass token ids instead of text")
         template = getattr(self.tokenizer, "chat_template", None)
@@ -84,6 +95,18 @@ class Pipeline:
             messages, tokenize=False, add_generation_prompt=True, **self.chat_template_kwargs
         )
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _checked_ids(self, ids: list[int]) -> list[int]:
+        """Token ids inside the target's embedding table (an id past it would fail deep in the forward)."""
+        if not ids:
+            raise InvalidArgumentError("the prompt is empty (0 tokens)", hint="give some text or token ids")
+        vocab = self.model.get_input_embeddings().weight.shape[0]
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidArgumentError(
+                f"token ids {bad[:5]} are outside the target's vocabulary [0, {vocab})"
+            )
+        return ids
 
     def config(self, **kw: Any) -> GenerationConfig:
         """A `GenerationConfig` (checked by the engine that runs it); `stop_token_ids=None` means the pair's
@@ -137,12 +160,18 @@ class Pipeline:
         """One generation to iterate (each item: the tokens one step committed); `images` (file paths) go to a
         VLM target's prefill only. `kw` are `GenerationConfig` fields (max_new_tokens, temperature, ...)."""
         cfg = self.config(**kw)
+        cfg.validated(self.drafter.cfg.block_size)  # every path, the target-alone one too: one line, early
         ids, prefill = (self.encode(prompt, raw), None) if not images else self._image_inputs(prompt, images)
         cfg = fit_to_positions(cfg, len(ids), target_positions(self.model.config))  # refuse / cap, one line
+        previous = self._current() if self._current is not None else None
+        if previous is not None:  # an unfinished stream: it shares the engine's state, so it ends here
+            previous.supersede()
         engine = self.engine(cfg, len(ids), images=bool(images))
-        return engine.start(
+        gen = engine.start(
             ids, cfg, speculative=speculative, accept_override=accept_override, prefill_inputs=prefill
         )
+        self._current = weakref.ref(gen)
+        return gen
 
     def _image_inputs(self, prompt: Any, images: list[str]) -> tuple[list[int], dict[str, Any]]:
         from dflash_zoo.engine.vision import image_prompt_inputs, require_image_support

@@ -53,6 +53,7 @@ CASES: dict[str, Case] = {
     "generate-top-p-above-1": case(f"generate x {PAIR} --top-p 1.5", 2, "--top-p"),
     "generate-top-p-nan": case(f"generate x {PAIR} --top-p nan", 2, "not a finite number"),
     "generate-top-k-negative": case(f"generate x {PAIR} --top-k -1", 2, "--top-k"),
+    "generate-seed-past-range": case(f"generate x {PAIR} --seed 18446744073709551616", 2, "--seed"),
     "generate-block-size-1": case(f"generate x {PAIR} --block-size 1", 2, "--block-size"),
     "generate-block-size-above-trained": case(
         f"generate x {PAIR} --block-size 32",
@@ -143,6 +144,10 @@ CASES: dict[str, Case] = {
     "train-weight-decay-nan": case(f"{TRAIN} --weight-decay nan", 2, "--weight-decay"),
     "train-weight-decay-negative": case(f"{TRAIN} --weight-decay -0.1", 2, "--weight-decay"),
     "train-warmup-ratio-2": case(f"{TRAIN} --warmup-ratio 2", 2, "--warmup-ratio"),
+    "train-warmup-ratio-nan": case(f"{TRAIN} --warmup-ratio nan", 2, "not a finite number"),
+    "train-epochs-inf": case(f"{TRAIN} --epochs inf", 2, "not a finite number"),
+    "train-time-budget-nan": case(f"{TRAIN} --time-budget nan", 2, "not a finite number"),
+    "train-cache-shard-mb-nan": case(f"{TRAIN} --cache-shard-mb nan", 2, "not a finite number"),
     "train-block-size-past-max-length": case(
         f"{TRAIN} --block-size 4096 --max-length 128", 2, "block size 4096 does not fit --max-length 128"
     ),
@@ -236,6 +241,13 @@ CASES: dict[str, Case] = {
     "eval-data-missing": case(f"eval {PAIR} --data {{tmp}}/none.jsonl", 2, "no such data file"),
     "eval-data-not-utf8": case(f"eval {PAIR} --data {{latin1_data}}", 2, "not valid UTF-8"),
     "eval-data-empty": case(f"eval {PAIR} --data {{empty_data}}", 2, "holds no records"),
+    "eval-empty-prompt-line": case(
+        f"eval {PAIR} --data {{empty_prompt_data}} --raw",
+        2,
+        "empty-prompt.jsonl:2: the prompt is empty",
+        loads=True,
+        chatter=True,
+    ),
     "eval-limit-0": case(f"{EVAL} --limit 0", 2, "--limit"),
     "eval-top-p-nan": case(f"{EVAL} --top-p nan", 2, "not a finite number"),
     "eval-top-k-negative": case(f"{EVAL} --top-k -3", 2, "--top-k"),
@@ -278,6 +290,9 @@ CASES: dict[str, Case] = {
     "bench-out-exists": case("bench --out {file}", 2, "exists; bench does not overwrite a file"),
     "bench-prompts-missing": case("bench --prompts {tmp}/none.jsonl", 2, "none.jsonl"),
     "bench-limit-0": case("bench --limit 0", 2, "--limit"),
+    "bench-what-if-past-block": case(
+        "bench --what-if-acceptance 9 --block-size 8", 2, "exceeds --block-size 8"
+    ),
     "bench-registry-typo": case("bench qwen3-8bb", 1, "no registry entry named 'qwen3-8bb'"),
     "bench-target-without-model-type": case("bench -t {nomt} -d {draft}", 1, "has no model_type"),
     "bench-json-error": case("bench --shape qwen9-1t --json", 2, "unknown shape"),

@@ -46,6 +46,20 @@ def run_readonly(
     )
 
 
+def run_on_mount(
+    argv: Sequence[str], mountpoint: Path, source: Path, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """`argv` with `source` bind-mounted (writable) at `mountpoint`, as a volume or a second disk is."""
+    if not readonly_mounts_work():
+        pytest.skip("bind mounts (unshare -m) are not available here")
+    script = (
+        f"mount --bind {shlex.quote(str(source))} {shlex.quote(str(mountpoint))} && exec {shlex.join(argv)}"
+    )
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=timeout
+    )
+
+
 def cli(*args: str) -> list[str]:
     """The argv of a `dflash-zoo` call through this interpreter."""
     return [sys.executable, "-m", "dflash_zoo", *args]

@@ -250,6 +250,7 @@ def _data_files(base: Path) -> dict[str, str]:
         "bad_json_data": str(_write(base / "bad.jsonl", b'{"text": "fine"}\n{"text": oops}\n')),
         "latin1_data": str(_write(base / "latin1.jsonl", b'{"text": "caf\xe9"}\n')),
         "wrong_keys_data": str(_write(base / "keys.jsonl", b'{"question": "hi"}\n')),
+        "empty_prompt_data": str(_write(base / "empty-prompt.jsonl", b'{"text": "hello"}\n{"text": ""}\n')),
         "data_in_out": str(data_in_out),
     }
 

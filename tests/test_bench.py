@@ -35,9 +35,11 @@ def test_whatif_schedule_has_exactly_the_mean(tau):
 
 
 def test_whatif_rejects_impossible_means():
-    with pytest.raises(ValueError):
+    from dflash_zoo.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="must lie in \\[1, block size 16\\]"):
         B.whatif_schedule(17, 16)
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidArgumentError):
         B.whatif_schedule(0.5, 16)
 
 
@@ -367,7 +369,7 @@ def test_bench_prints_the_results_before_a_failing_record_write(tmp_path, monkey
     from dflash_zoo.commands import bench as bench_cmd
     from dflash_zoo.errors import ZooError
 
-    def fail(path, record):
+    def fail(path, record, explicit=True):
         raise ZooError(f"cannot write the bench record {path}: disk full")
 
     monkeypatch.setattr(bench_cmd, "_write_record", fail)
@@ -376,6 +378,21 @@ def test_bench_prints_the_results_before_a_failing_record_write(tmp_path, monkey
             "--warmup", "0", "--repeats", "1", "--no-graphs"]  # fmt: skip
     result = CliRunner().invoke(cli, args, env={"COLUMNS": "120", "NO_COLOR": "1"})
     assert result.exit_code == 1 and "autoregressive" in result.stdout and "dflash" in result.stdout
+
+
+def test_a_default_record_path_taken_meanwhile_gets_a_suffix(tmp_path):
+    """Two benches started in the same second: the second record goes beside the first, nothing is lost;
+    a path the user named is never replaced (the record stays in its temporary file, named)."""
+    from dflash_zoo.commands import bench as bench_cmd
+    from dflash_zoo.errors import ZooError
+
+    path = tmp_path / "20261207T200217Z-demo.json"
+    path.write_text("{}\n")
+    went = bench_cmd._write_record(path, {"run": 2}, explicit=False)
+    assert went == tmp_path / "20261207T200217Z-demo-2.json" and json.loads(went.read_text()) == {"run": 2}
+    with pytest.raises(ZooError, match="appeared while measuring; the record is in"):
+        bench_cmd._write_record(path, {"run": 3}, explicit=True)
+    assert path.read_text() == "{}\n" and len(list(tmp_path.glob(".*.tmp"))) == 1
 
 
 def test_bench_table_shows_the_spread_and_warns_when_wide(capsys):

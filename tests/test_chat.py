@@ -52,7 +52,7 @@ def test_bad_set_is_refused_and_the_session_goes_on(pair):
     assert res.exit_code == 0, res.output
     err = res.stderr
     assert "temperature must be >= 0, got -1.0; temperature stays 0.0" in err
-    assert "top_p must be in (0, 1], got 5.0; top_p stays 1.0" in err
+    assert "top_p must be in [1e-06, 1], got 5.0; top_p stays 1.0" in err
     assert "max_new_tokens must be >= 1, got 0; max_new_tokens stays 6" in err
     assert (
         "block_size 64 exceeds the drafter's trained block size 8; block_size stays 8 (the drafter's)" in err

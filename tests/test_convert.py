@@ -170,6 +170,31 @@ def test_outputs_never_replace_what_dflash_zoo_did_not_write(tmp_path, target_di
     assert res.code == 2 and "holds the SOURCE input" in res.stderr
 
 
+def test_a_mount_point_is_refused_as_an_output(tmp_path, target_dir):
+    """The finished output is renamed into place, which a mount point refuses: said before writing."""
+    import sys
+
+    from tests.readonly import run_on_mount
+
+    _, target = target_dir
+    save_drafter(drafter_of("dflash", target, bidirectional=True), tmp_path / "z")
+    volume, source = tmp_path / "vol", tmp_path / "vol-src"
+    volume.mkdir()
+    source.mkdir()
+    argv = [
+        sys.executable,
+        "-m",
+        "dflash_zoo",
+        "convert",
+        str(tmp_path / "z"),
+        "--to",
+        "hf-native",
+        str(volume),
+    ]
+    done = run_on_mount(argv, volume, source)
+    assert done.returncode == 2 and "is a mount point" in done.stderr and not any(source.iterdir())
+
+
 def test_help_has_examples_and_no_torch():
     import subprocess
     import sys

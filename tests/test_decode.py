@@ -85,11 +85,27 @@ def test_result_schema_and_statistics(pipe, pair):
         ({"block_size": 9}, "exceeds the drafter's trained block size 8"),
         ({"temperature": -1.0}, "temperature must be >= 0"),
         ({"top_p": 0.0}, "top_p must be in"),
+        ({"top_p": 1e-46, "temperature": 1.0}, "top_p must be in"),
+        ({"temperature": 1e-38}, "too small to sample with"),
+        ({"seed": 2**64, "temperature": 0.7}, "seed must be an integer in"),
+        ({"seed": "a"}, "seed must be an integer"),
+        ({"max_new_tokens": 2.5}, "max_new_tokens must be an integer"),
+        ({"stop_token_ids": ["x"]}, "stop_token_ids must be token ids"),
     ],
 )
 def test_bad_generation_arguments(pipe, kw, message):
     with pytest.raises(InvalidArgumentError, match=message):
         pipe.generate(PROMPT, **kw)
+
+
+@pytest.mark.parametrize(
+    "prompt,message",
+    [(None, "a prompt is text, token ids or a list of chat messages"), (5, "got int"),
+     ([], "the prompt is empty"), ([1, 10**9], "outside the target's vocabulary")],
+)  # fmt: skip
+def test_bad_prompts(pipe, prompt, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        pipe.generate(prompt, max_new_tokens=4)
 
 
 @pytest.mark.parametrize(

@@ -208,6 +208,23 @@ def test_stream_on_the_fast_engine_equals_generate():
     assert "".join(pieces) == pipe.generate("hello world", raw=True, max_new_tokens=16).text
 
 
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_newer_generation_ends_an_unfinished_stream_instead_of_corrupting_it(fast):
+    """One pipeline runs one generation at a time (the fast engine's buffers, the eager loop's tap hooks): a
+    stream left paused while another generation runs raises when resumed, never yields wrong tokens; the
+    newer generation is exact."""
+    from dflash_zoo.errors import ZooError
+
+    pipe = _pipe(EngineOptions(fast=fast))
+    ref = pipe.generate_autoregressive("hello world", raw=True, max_new_tokens=24).output_ids
+    paused = pipe.generation("hello", raw=True, max_new_tokens=24)
+    first = next(iter(paused))
+    assert first  # it has started
+    assert pipe.generate("hello world", raw=True, max_new_tokens=24).output_ids == ref
+    with pytest.raises(ZooError, match="ended by a newer one on the same pipeline"):
+        list(paused)
+
+
 def test_stopping_early_still_ends_the_timings():
     """A consumer that stops iterating (Ctrl-C in chat) gets a result with its decode time and reason."""
     pipe = _pipe(EngineOptions(fast=True))

@@ -21,7 +21,7 @@ from dflash_zoo.cli import main
 from dflash_zoo.engine.checkpoint import load_drafter
 from dflash_zoo.training import checkpoints
 from tests.cli_runner import run_captured
-from tests.readonly import cli, run_readonly
+from tests.readonly import cli, run_on_mount, run_readonly
 from tests.tiny import save_tiny_pair, tiny_tokenizer
 
 TINY = ["--draft-layers", "1", "--block-size", "4", "--batch-size", "2", "--anchors-per-seq", "8",
@@ -318,6 +318,31 @@ def test_unwritable_locations_fail_before_training(tmp_path, target, data, where
     assert "step 1/" not in done.stderr  # nothing was trained
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == sorted({"data.jsonl", "ro", ro.name}), left  # no checkpoint sibling, no temp dirs
+
+
+def test_an_out_that_cannot_be_swapped_into_fails_before_training(capsys, tmp_path, target, data):
+    """A mount point cannot be renamed over, and a name near the limit leaves no room for the temporary
+    sibling: both are refused before the target loads, not after the work (which was then lost)."""
+    long = tmp_path / ("d" * 243)
+    code, _, err = train(capsys, target, data, long)
+    assert code == 2 and "is too long here" in err and "step 1/" not in err, err
+    volume, source = tmp_path / "vol", tmp_path / "vol-src"
+    volume.mkdir()
+    source.mkdir()
+    argv = cli(
+        "train", "--target", str(target), "--data", str(data), "--out", str(volume), "--steps", "1", *TINY
+    )
+    done = run_on_mount(argv, volume, source, timeout=300)
+    assert done.returncode == 2 and "is a mount point" in done.stderr and "step 1/" not in done.stderr, (
+        done.stderr
+    )
+
+
+def test_a_feature_cache_inside_out_is_refused_before_training(capsys, tmp_path, target, data):
+    for cache in (tmp_path / "d" / "features", tmp_path / "d", tmp_path / "d-checkpoint" / "f"):
+        code, _, err = train(capsys, target, data, tmp_path / "d", "--cache-features", cache)
+        assert code == 2 and "--cache-features" in err and "would be lost" in err, err
+        assert "step 1/" not in err and not cache.exists()
 
 
 def test_target_layer_ids_outside_the_target_is_a_usage_error(capsys, tmp_path, target, data):

@@ -33,6 +33,7 @@ from dflash_zoo.cuda.ops import fp8, gemv, moe
 from dflash_zoo.engine.factory import build_engine
 from dflash_zoo.engine.options import EngineOptions, FastOptions
 from dflash_zoo.engine.results import GenerationConfig, GenerationResult, first_difference
+from dflash_zoo.errors import InvalidArgumentError
 
 log = logging.getLogger("dflash_zoo")
 SCHEMA = "dflash-zoo.bench/1"
@@ -80,7 +81,11 @@ def whatif_schedule(tau: float, block_size: int) -> Callable[[int, int], int]:
     """
     frac = Fraction(str(tau)).limit_denominator(1000)
     if not 1 <= frac <= block_size:
-        raise ValueError(f"what-if acceptance {tau} must lie in [1, block size {block_size}]")
+        raise InvalidArgumentError(
+            f"--what-if-acceptance {tau} must lie in [1, block size {block_size}]: a step commits at most "
+            "one block",
+            hint=f"use a value from 1 to {block_size}, or a larger --block-size where the drafter allows it",
+        )
 
     def override(step: int, num_drafts: int) -> int:
         return floor((step + 1) * frac) - floor(step * frac) - 1

@@ -19,6 +19,7 @@ import click
 
 from dflash_zoo.commands import bench_train
 from dflash_zoo.commands.run import (
+    SEED,
     Finite,
     Temperature,
     devices_option,
@@ -121,7 +122,7 @@ FIXED_PROMPT_TOKENS, FIXED_NEW_TOKENS = 512, 512  # one fixed prompt (or a rando
 )
 @top_p_option
 @top_k_option
-@click.option("--seed", type=int, default=0, show_default=True, help="Random prompt and sampling seed.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Random prompt and sampling seed.")
 @click.option(
     "--what-if-acceptance",
     type=Finite(min=1),
@@ -178,6 +179,9 @@ def bench(
 
     if shape and (entry or target or draft):
         raise click.UsageError("--shape builds a random target; do not combine it with a model")
+    tau, block = kw.get("what_if_acceptance"), kw.get("block_size")
+    if tau and block and tau > block:  # else checked once the drafter's block is known
+        raise click.BadParameter(f"{tau} exceeds --block-size {block}", param_hint="--what-if-acceptance")
     if devices and device:
         raise click.UsageError(
             "--devices splits the target over several devices; do not combine it with --device"
@@ -237,15 +241,28 @@ def bench(
         record = run_fp8_bench(sub, opts, argv)
     else:
         record = B.run_bench(sub, opts, argv)
-    if as_json:
-        emit_json(record)
-    else:
+    if not as_json:
         _print_table(record)
     for line in summary(record) if fp8 else ():
         info(line)
     _warn_spread(record)
-    _write_record(record_path, record)
-    info(f"record written to {record_path}")
+    report(record, record_path, explicit=out is not None, as_json=as_json)
+
+
+def report(record: dict, path: Path, explicit: bool, as_json: bool) -> None:
+    """Write the record, then (--json) print it: stdout holds one JSON document even when the write fails
+    (the record, with `record_error` saying why it is not on disk; exit 1)."""
+    try:
+        where = _write_record(path, record, explicit)
+    except ZooError as exc:
+        if not as_json:
+            raise
+        emit_json({**record, "record_error": str(exc)})
+        click.echo(f"error: {exc}", err=True)
+        raise SystemExit(1) from exc
+    if as_json:
+        emit_json(record)
+    info(f"record written to {where}")
 
 
 def _check_positions(sub, prompt_set, new_tokens: int, prompt_tokens: int | None = None) -> None:
@@ -323,8 +340,10 @@ def _check_record_location(path: Path, explicit: bool) -> None:
         ) from exc
 
 
-def _write_record(path: Path, record: dict) -> None:
-    """Into a temporary sibling, then renamed into place (a reader never sees half a record)."""
+def _write_record(path: Path, record: dict, explicit: bool = True) -> Path:
+    """Into a temporary sibling, then put in place without replacing anything (a reader never sees half a
+    record); a default path another run took meanwhile (a bench started in the same second) gets a `-2`,
+    `-3` ... suffix. Returns where the record went."""
     from dflash_zoo.engine.outdir import normal_mode
 
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -332,15 +351,33 @@ def _write_record(path: Path, record: dict) -> None:
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(record, indent=2, default=str) + "\n")
         normal_mode(Path(tmp))  # mkstemp's file is private (0600); a record is as readable as any other file
-        if path.exists():  # appeared while measuring: keep it
-            raise ZooError(f"{path} appeared while measuring; the record is in {tmp}")
-        os.replace(tmp, path)
+        for n in range(1 if explicit else 100):
+            final = path if n == 0 else path.with_name(f"{path.stem}-{n + 1}{path.suffix}")
+            if _place(Path(tmp), final):
+                return final
+        raise ZooError(f"{path} appeared while measuring; the record is in {tmp}")  # kept: nothing is lost
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise ZooError(
             f"cannot write the bench record {path}: {exc.strerror or exc}",
             hint="the results above are complete; rerun with --out FILE to keep a record",
         ) from exc
+
+
+def _place(tmp: Path, final: Path) -> bool:
+    """Move `tmp` to `final` unless `final` exists (False then): a hard link never replaces a file; where the
+    filesystem has none, a check then a rename."""
+    try:
+        os.link(tmp, final)
+    except FileExistsError:
+        return False
+    except OSError:  # no hard links here (some network and FAT filesystems)
+        if final.exists():
+            return False
+        os.replace(tmp, final)
+        return True
+    tmp.unlink()
+    return True
 
 
 def _warn_spread(record: dict) -> None:

@@ -104,9 +104,9 @@ def run(
     from dflash_zoo.api import default_device, parse_dtype
     from dflash_zoo.bench import meta as benchmeta
     from dflash_zoo.bench.train_step import TrainBenchOptions, run_train_bench
-    from dflash_zoo.commands.bench import _check_record_location, _write_record
+    from dflash_zoo.commands.bench import _check_record_location, report
     from dflash_zoo.commands.run import check_device
-    from dflash_zoo.output import emit_json, info
+    from dflash_zoo.output import info
 
     _check(args, shape, model, kw, extra)
     check_device(device)
@@ -120,12 +120,9 @@ def run(
     )  # fmt: skip
     info(f"building shape {shape} on {device} for a training step ...")
     record = run_train_bench(shape, device, parse_dtype(dtype, device), opts, ["dflash-zoo", *sys.argv[1:]])
-    if as_json:
-        emit_json(record)
-    else:
+    if not as_json:
         print_record(record)
-    _write_record(record_path, record)
-    info(f"record written to {record_path}")
+    report(record, record_path, explicit=out is not None, as_json=as_json)
 
 
 def print_record(record: dict) -> None:

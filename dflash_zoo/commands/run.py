@@ -80,6 +80,10 @@ def model_options(f):
     return f
 
 
+# what torch.Generator.manual_seed takes
+SEED = click.IntRange(-(2**63), 2**64 - 1)
+
+
 class Finite(click.FloatRange):
     """A finite float in a range (click's FloatRange lets `nan` through every bound, and `inf` through
     open-ended ones)."""
@@ -124,7 +128,7 @@ def decoding_options(f):
             default=None,
             help="Override the drafter's block size (smaller only).",
         ),
-        click.option("--seed", type=int, default=None, help="Sampling seed."),
+        click.option("--seed", type=SEED, default=None, help="Sampling seed."),
         click.option("--raw", is_flag=True, help="No chat template: tokenize the prompt as given."),
         click.option(
             "--image",

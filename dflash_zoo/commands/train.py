@@ -13,6 +13,7 @@ import click
 
 from dflash_zoo.commands import train_arch, train_scale
 from dflash_zoo.commands.run import (
+    SEED,
     Finite,
     Temperature,
     check_device,
@@ -74,6 +75,7 @@ def _preflight(p: dict, rank: int) -> list:
         found = check_locations(cfg, resume=p["resume"])  # "nothing to resume" names what it skipped
         inputs = {"--data": p["data"], "--target": p["target"], "--init": p["init"]}
         check_holds_no_input(Path(p["out"]), inputs)  # --overwrite must not delete what the run reads
+        _check_cache_outside(p)
         if found is not None:
             checkpoints.check_state(found)
         _announce_replacement(Path(p["out"]), p["overwrite"])
@@ -91,6 +93,28 @@ def _preflight(p: dict, rank: int) -> list:
 
         check_layer_ids(ids, layers)
     return records
+
+
+def _check_cache_outside(p: dict) -> None:
+    """A feature cache at or under OUT (or OUT-checkpoint) would make OUT hold files that are not ours when
+    the run ends, or be deleted by its replacement: refused before anything loads, existing or not."""
+    from dflash_zoo.engine.outdir import norm
+    from dflash_zoo.training import checkpoints
+
+    cache = train_scale.cache_dir(p)
+    if cache is None:
+        return
+    where = norm(cache)
+    for flag, out in (
+        ("--out", norm(p["out"])),
+        ("--out's checkpoint folder", checkpoints.root_for(p["out"])),
+    ):
+        if where == out or out in where.parents:
+            raise click.BadParameter(
+                f"{cache} is inside {flag} {out}, which is replaced when the run ends: the cache kept across "
+                f"runs would be lost (and the output refused). Put it beside the output, e.g. {out.parent / 'features'}",
+                param_hint="--cache-features",
+            )
 
 
 def _announce_replacement(out: Path, overwrite: bool) -> None:
@@ -236,10 +260,10 @@ def _cut(exs: list, max_length: int) -> list:
 @click.option(
     "--steps", type=click.IntRange(min=1), default=None, help="Optimizer steps (overrides --epochs)."
 )
-@click.option("--epochs", type=click.FloatRange(min=0, min_open=True), default=6.0, show_default=True)
+@click.option("--epochs", type=Finite(min=0, min_open=True), default=6.0, show_default=True)
 @click.option(
     "--time-budget",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(min=0, min_open=True),
     default=None,
     help="Stop after this many seconds (the schedule follows).",
 )
@@ -253,7 +277,7 @@ def _cut(exs: list, max_length: int) -> list:
 @click.option("--max-length", type=click.IntRange(min=4), default=3072, show_default=True)
 @click.option("--anchors-per-seq", type=click.IntRange(min=1), default=512, show_default=True)
 @click.option("--lr", type=Finite(min=0, min_open=True), default=6e-4, show_default=True)
-@click.option("--warmup-ratio", type=click.FloatRange(0, 1), default=0.04, show_default=True)
+@click.option("--warmup-ratio", type=Finite(0, 1), default=0.04, show_default=True)
 @click.option("--weight-decay", type=Finite(min=0), default=0.0, show_default=True)
 @click.option(
     "--loss-decay-gamma",
@@ -268,7 +292,7 @@ def _cut(exs: list, max_length: int) -> list:
 @click.option("--no-target-features", is_flag=True, help="Ablation: fc frozen at zero (no target context).")
 @click.option("--device", default=None, help="cpu, cuda ... (default: cuda if available).")
 @dtype_option("Target dtype (and the saved drafter's).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option(
     "--resume", is_flag=True, help="Continue from the newest complete checkpoint in OUT-checkpoint/."
 )
@@ -347,7 +371,7 @@ def train(**p: Any) -> None:
 )
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N prompts.")
 @click.option("--no-baseline", is_flag=True, help="Skip the autoregressive run (no speedup).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def eval_cmd(
     target, draft, device, devices, dtype, revision, draft_revision, compile_steps, data, raw, prompt_tokens,

@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from dflash_zoo.commands.run import Finite
+
 
 def arch_options(fn):
     """The options of this module, added to `train`."""
@@ -26,7 +28,7 @@ def arch_options(fn):
                      help="dflash2: rank of the selector's transition score."),
         click.option("--selector-top-k", type=click.IntRange(min=1), default=16, show_default=True,
                      help="dflash2: candidates per slot the selector chooses among."),
-        click.option("--selector-loss-weight", type=click.FloatRange(min=0), default=1.0, show_default=True,
+        click.option("--selector-loss-weight", type=Finite(min=0), default=1.0, show_default=True,
                      help="dflash2: weight of the selector's loss beside the DFlash loss."),
     ]  # fmt: skip
     for option in reversed(options):

@@ -10,6 +10,8 @@ from typing import Any
 
 import click
 
+from dflash_zoo.commands.run import Finite
+
 MEMORY = "memory"  # `--cache-features` without a directory: the in-memory cache
 
 
@@ -27,7 +29,7 @@ def scale_options(fn):
                      "runs, crash-safe), or without DIR in device memory."),
         click.option("--cache-dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16",
                      show_default=True, help="Storage dtype of --cache-features DIR."),
-        click.option("--cache-shard-mb", type=click.FloatRange(min=0, min_open=True), default=1000.0,
+        click.option("--cache-shard-mb", type=Finite(min=0, min_open=True), default=1000.0,
                      show_default=True, help="Features per file of --cache-features DIR (MB)."),
         click.option("--regenerate-endpoint", default=None, metavar="URL",
                      help="Regenerate through an OpenAI-compatible server (vLLM, SGLang) at URL instead of the "
@@ -41,7 +43,7 @@ def scale_options(fn):
                      help="Requests in flight to the regeneration server."),
         click.option("--retries", type=click.IntRange(min=0), default=6, show_default=True,
                      help="Retries per request on 429 / 5xx / timeouts (exponential backoff)."),
-        click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=600.0,
+        click.option("--request-timeout", type=Finite(min=0, min_open=True), default=600.0,
                      show_default=True, help="Seconds per regeneration request."),
         click.option("--regenerate-only", is_flag=True, help="Regenerate (cached), then stop before training."),
         click.option("--fsdp-target", is_flag=True, help="Under torchrun: shard the frozen target over the GPUs "

@@ -204,9 +204,41 @@ def check_holds_no_input(out: Path, inputs: dict[str, str | os.PathLike | None])
             )
 
 
+def check_name(out: Path) -> None:
+    """Refuse an output name whose temporary sibling `.NAME.tmp-XXXXXXXX` (and `OUT-checkpoint`) the
+    filesystem cannot name: the swap at the end would fail after the work is done."""
+    out = norm(out)
+    need = len(f".{out.name}.tmp-00000000".encode())
+    try:
+        limit = os.pathconf(_nearest_existing(out.parent), "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    if need > limit:
+        raise InvalidArgumentError(
+            f"the output name {out.name[:32]}... ({len(out.name.encode())} bytes) is too long here: writing it "
+            f"goes through a hidden sibling of {need} bytes, and names may have {limit}",
+            hint=f"choose a name of at most {limit - (need - len(out.name.encode()))} bytes",
+        )
+
+
+def is_mount_point(path: Path) -> bool:
+    """True for a mount point, bind mounts of a folder on the same disk included (Linux lists them in
+    /proc/self/mountinfo; `os.path.ismount` sees only a change of device)."""
+    if os.path.ismount(path):
+        return True
+    try:
+        table = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return False
+    real = os.path.realpath(path)
+    octal = re.compile(r"\\([0-7]{3})")  # mountinfo writes a space as \040
+    return any(octal.sub(lambda m: chr(int(m.group(1), 8)), line.split()[4]) == real for line in table)
+
+
 def check_output(out: Path, overwrite: bool = False, flag: str = "--overwrite") -> None:
     """Refuse an `out` that cannot be replaced safely; run before any work that would be lost."""
     out = norm(out)
+    check_name(out)
     check_not_package(out)  # even with `overwrite`, even when `out` does not exist yet
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise InvalidArgumentError(f"{out} exists and is not a directory", hint="choose another output path")
@@ -216,9 +248,13 @@ def check_output(out: Path, overwrite: bool = False, flag: str = "--overwrite") 
     why = _protected(out)
     if why:
         raise InvalidArgumentError(f"refusing to replace {out}: {why}", hint="choose a new output directory")
-    check_writable(
-        out, "output directory"
-    )  # a read-only mount (or, for non-root, a 0555 dir) cannot be swapped
+    # a read-only mount (or, for non-root, a 0555 dir) cannot be swapped
+    check_writable(out, "output directory")
+    if is_mount_point(out):  # the new output is renamed into place, and a mount point cannot be renamed over
+        raise InvalidArgumentError(
+            f"{out} is a mount point: the finished output is renamed into its place, which a mount refuses",
+            hint=f"write into a directory inside it, e.g. {out / 'drafter'}",
+        )
     if not any(out.iterdir()):
         return
     if not overwrite and not is_ours(out):

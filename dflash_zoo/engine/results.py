@@ -12,6 +12,8 @@ from dflash_zoo.errors import InvalidArgumentError
 
 log = logging.getLogger("dflash_zoo")
 
+# the smallest sampling temperature and top_p: below, fp32 logits / temperature overflow, top_p rounds to 0
+MIN_SAMPLING = 1e-6
 GREEDY_RULE = "greedy-match"
 SAMPLING_RULE = "speculative-sampling (p/q rejection, Leviathan et al. 2023)"
 
@@ -33,7 +35,8 @@ class GenerationConfig:
     seed: int | None = None
 
     def validated(self, trained_block_size: int) -> GenerationConfig:
-        """Check ranges; raises `InvalidArgumentError` with a one-line message."""
+        """Check types and ranges; raises `InvalidArgumentError` with a one-line message."""
+        self._check_types()
         if self.max_new_tokens < 1:
             raise InvalidArgumentError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not math.isfinite(self.temperature):  # NaN passes the range check below
@@ -43,10 +46,17 @@ class GenerationConfig:
             )
         if self.temperature < 0:
             raise InvalidArgumentError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise InvalidArgumentError(f"top_p must be in (0, 1], got {self.top_p}")
+        if 0 < self.temperature < MIN_SAMPLING:  # logits / temperature would overflow fp32
+            raise InvalidArgumentError(
+                f"temperature {self.temperature} is too small to sample with (>= {MIN_SAMPLING})",
+                hint="use 0 for greedy decoding, which such a temperature approximates",
+            )
+        if not MIN_SAMPLING <= self.top_p <= 1:  # a top_p that rounds to 0 in fp32 would keep no token
+            raise InvalidArgumentError(f"top_p must be in [{MIN_SAMPLING}, 1], got {self.top_p}")
         if self.top_k < 0:
             raise InvalidArgumentError(f"top_k must be >= 0, got {self.top_k}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:  # what torch.Generator takes
+            raise InvalidArgumentError(f"seed must be an integer in [-2**63, 2**64), got {self.seed}")
         block = self.block_size if self.block_size is not None else trained_block_size
         if block < 2:
             raise InvalidArgumentError(f"block_size must be >= 2, got {block}")
@@ -56,6 +66,23 @@ class GenerationConfig:
                 hint="a drafter can run smaller blocks than it was trained with, not larger",
             )
         return GenerationConfig(**{**asdict(self), "block_size": block})
+
+    def _check_types(self) -> None:
+        """Python API values of the wrong type get a message naming the field, not a TypeError deep inside."""
+        ints = {"max_new_tokens": self.max_new_tokens, "top_k": self.top_k, "block_size": self.block_size,
+                "seed": self.seed}  # fmt: skip
+        for name, value in ints.items():
+            if (value is not None or name in ("max_new_tokens", "top_k")) and (
+                isinstance(value, bool) or not isinstance(value, int)
+            ):
+                raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
+        for name, value in {"temperature": self.temperature, "top_p": self.top_p}.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InvalidArgumentError(f"{name} must be a number, got {value!r}")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids):
+            raise InvalidArgumentError(
+                f"stop_token_ids must be token ids (integers), got {self.stop_token_ids!r}"
+            )
 
     @property
     def greedy(self) -> bool:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 from dflash_zoo.engine.results import GenerationConfig, GenerationResult, StepRecord
+from dflash_zoo.errors import ZooError
 
 # Optional override of the accept decision: (step index, proposed drafts) -> forced accepted count.
 # Used by `bench --what-if-acceptance`; None means the real acceptance rule.
@@ -100,15 +101,38 @@ class Generation:
     """One generation in progress: iterate for each step's committed tokens; `result` is filled as it goes."""
 
     def __init__(self, run: Run, steps: Iterator[list[int]]):
-        self.run, self._steps = run, steps
+        self.run, self._steps = run, iter(steps)
+        self._superseded = False
 
     @property
     def result(self) -> GenerationResult:
         return self.run.result
 
+    def supersede(self) -> None:
+        """Another generation takes the engine (its static buffers, the target's tap hooks): end this one
+        now, and make resuming it an error instead of steps computed on the other one's state."""
+        self._superseded = True
+        try:
+            self._steps.close()  # runs its cleanup: the eager loop's hooks come off the target
+        except (
+            ValueError
+        ):  # it is running (a callback of its own started the new one): it stops at its next step
+            pass
+
     def __iter__(self) -> Iterator[list[int]]:
         try:
-            yield from self._steps
+            while True:
+                if self._superseded:
+                    raise ZooError(
+                        "this generation was ended by a newer one on the same pipeline: a pipeline runs one "
+                        "generation at a time",
+                        hint="finish (or close) a stream before starting another, or load a second pipeline",
+                    )
+                try:
+                    tokens = next(self._steps)
+                except StopIteration:
+                    return
+                yield tokens
         finally:  # a consumer that stops early (Ctrl-C, a closed pipe) still gets consistent timings
             self.run.close()
 

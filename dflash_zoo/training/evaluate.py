@@ -149,10 +149,15 @@ LONG_LINE_HINT = "shorten or drop that line (text lines use their first --prompt
 
 
 def refuse_long_prompts(lengths: list[int], names: list[str], positions: int | None, hint: str) -> None:
-    """Refuse, naming it, the first prompt the target cannot hold (`positions`: max_position_embeddings)."""
+    """Refuse, naming it, the first prompt that is empty or that the target cannot hold (`positions`:
+    max_position_embeddings)."""
     from dflash_zoo.errors import InvalidArgumentError
 
     for n, name in zip(lengths, names, strict=True):
+        if n == 0:
+            raise InvalidArgumentError(
+                f"{name}: the prompt is empty (0 tokens)", hint="give the line some text, or remove it"
+            )
         if positions is not None and n >= positions:
             raise InvalidArgumentError(
                 f"{name}: the prompt is {n:,} tokens; the target holds {positions:,} positions", hint=hint

@@ -240,6 +240,7 @@ def check_locations(cfg: TrainConfig, resume: bool) -> Path | None:
     Returns the checkpoint `--resume` will use (None without `resume`).
     """
     out, root = outdir.norm(cfg.out), checkpoints.root_for(cfg.out)
+    outdir.check_name(out)  # before any path under it is looked at
     outdir.check_not_package(out)  # before `recover` touches anything beside it
     outdir.check_writable(out.parent if out.exists() else out, "output directory")
     outdir.recover(out)
