@@ -110,9 +110,10 @@ def _check_cache_outside(p: dict) -> None:
         ("--out's checkpoint folder", checkpoints.root_for(p["out"])),
     ):
         if where == out or out in where.parents:
+            beside = out.parent / "features"
             raise click.BadParameter(
                 f"{cache} is inside {flag} {out}, which is replaced when the run ends: the cache kept across "
-                f"runs would be lost (and the output refused). Put it beside the output, e.g. {out.parent / 'features'}",
+                f"runs would be lost (and the output refused). Put it beside the output, e.g. {beside}",
                 param_hint="--cache-features",
             )
 

@@ -114,10 +114,8 @@ class Generation:
         self._superseded = True
         try:
             self._steps.close()  # runs its cleanup: the eager loop's hooks come off the target
-        except (
-            ValueError
-        ):  # it is running (a callback of its own started the new one): it stops at its next step
-            pass
+        except ValueError:
+            pass  # it is running (its own callback started the new one): it stops before its next step
 
     def __iter__(self) -> Iterator[list[int]]:
         try:
