@@ -290,6 +290,7 @@ CASES: dict[str, Case] = {
     "bench-out-exists": case("bench --out {file}", 2, "exists; bench does not overwrite a file"),
     "bench-prompts-missing": case("bench --prompts {tmp}/none.jsonl", 2, "none.jsonl"),
     "bench-limit-0": case("bench --limit 0", 2, "--limit"),
+    "bench-devices-not-here": case("bench --shape tiny-qwen3 --devices cuda:0,cuda:1", 2, "is not visible"),
     "bench-what-if-past-block": case(
         "bench --what-if-acceptance 9 --block-size 8", 2, "exceeds --block-size 8"
     ),
@@ -327,6 +328,9 @@ CASES: dict[str, Case] = {
     "serve-registry-typo": case(
         "serve qwen3-8bb --engine vllm --dry-run", 1, "no registry entry named 'qwen3-8bb'", torch_free=True
     ),
+    "serve-missing-local-drafter": case(
+        "serve ./no-such-drafter --engine vllm --target {target} --dry-run", 1, "no such directory: ./no-such"
+    ),
     "serve-repo-without-target": case("serve org/drafter --engine vllm --dry-run", 2, "pass --target"),
     "serve-misspelt-option": case("serve qwen3-8b --engine vllm --dryrun", 2, "No such option '--dryrun'"),
     "serve-json-without-dry-run": case("serve qwen3-8b --engine vllm --json", 2, "add --dry-run"),
@@ -345,6 +349,7 @@ CASES: dict[str, Case] = {
         "pull alpamayo-1.5-10b --json", 1, "marked unsupported here", "mask embedding", torch_free=True
     ),
     "pull-unsupported-entry": case("pull tiny-unsupported --dry-run", 1, "never runs here", hub=True),
+    "pull-force-offline-by-environment": case("pull qwen3-8b --verify --force", 2, "unset HF_HUB_OFFLINE"),
     "pull-malformed-repo-id": case("pull org/a--b", 2, "'org/a--b' is not a valid Hub repo id", hub=True),
     "generate-marked-entry": case("generate x -t alpamayo-1.5-10b", 1, "marked unsupported here"),
     "chat-marked-entry": case("chat glm-5.3-flash", 1, "marked unsupported here", "glm5_next"),
@@ -384,6 +389,9 @@ CASES: dict[str, Case] = {
     "info-empty-name": case("info {empty}", 1, "no registry entry"),
     # ---- check ----------------------------------------------------------------------------------------
     "check-no-target": case("check", 2, "Missing option", "--target"),
+    "check-missing-local-target": case(
+        "check --target ./no-such-target --offline", 1, "no such directory: ./no-such-target", torch_free=True
+    ),
     "check-registry-typo": case(
         "check --target qwen3-8bb", 1, "no registry entry named 'qwen3-8bb'", torch_free=True
     ),

@@ -53,9 +53,12 @@ def test_regeneration_through_a_server_then_training(capsys, tmp_path, target, h
     data = _data(tmp_path, responses=False)  # prompts only: the server writes the responses
     base = ["train", "--target", target, "--data", data, "--out", tmp_path / "d", *TINY]
     with OpenAIServer() as server:
-        code, _, err = run(capsys, *base, "--regenerate-endpoint", server.url, "--regenerate-only")
+        code, out, err = run(
+            capsys, *base, "--regenerate-endpoint", server.url, "--regenerate-only", "--json"
+        )
         assert code == 0, err
         assert len(server.log) == 6 and "--regenerate-only: done" in err
+        assert json.loads(out)["regenerated"] == 6  # --json: one object on stdout here too
         (cache,) = (home / "regen").iterdir()
         assert len(cache.read_text().splitlines()) == 6
         code, out, err = run(capsys, *base, "--regenerate-endpoint", server.url, "--steps", "2", "--json")

@@ -81,7 +81,7 @@ def from_jsonl(path: str | Path, limit: int | None = None) -> PromptSet:
     """A JSONL prompt file with `eval --data`'s line formats (raises `DataError` naming a bad line)."""
     from dflash_zoo.training.data import read_jsonl
 
-    return PromptSet(str(path), tuple(read_jsonl(path, limit)))
+    return PromptSet(str(path), tuple(read_jsonl(path, limit, option="--prompts")))
 
 
 def token_ids(

@@ -174,7 +174,7 @@ def bench(
     from dflash_zoo.api import parse_dtype, resolve_devices
     from dflash_zoo.bench import meta as benchmeta
     from dflash_zoo.bench import runner as B
-    from dflash_zoo.commands.run import check_device, check_model_paths, precheck_models
+    from dflash_zoo.commands.run import check_device, check_devices, check_model_paths, precheck_models
     from dflash_zoo.output import quiet_loading
 
     if shape and (entry or target or draft):
@@ -202,6 +202,7 @@ def bench(
             "drop --path eager and --devices"
         )
     check_device(device)  # `--device nonsense` / a GPU this machine lacks: before anything is built
+    check_devices(device, devices)
     check_model_paths(entry, target, draft)
     if not shape:  # a mistyped registry id or a broken local target: before anything loads
         precheck_models(entry or target, draft)

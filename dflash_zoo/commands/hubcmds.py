@@ -164,9 +164,10 @@ def pull(model_id, with_target, revision, dry_run, offline, verify, force, quiet
 def _pull(model_id, with_target, revision, dry_run, offline, verify, force, quiet, as_json) -> None:
     jobs = jobs_for(model_id, with_target, revision)
     _refuse_unrunnable(jobs[0].entry)
+    if force and (offline or hub.is_offline()):
+        how = "drop --offline" if offline else "unset HF_HUB_OFFLINE (it is set in the environment)"
+        raise click.UsageError(f"--force fetches files again and needs the network: {how}")
     offline = offline or hub.is_offline()
-    if offline and force:
-        raise click.UsageError("--force fetches files again and needs the network: drop --offline")
     plans = [hub.plan_pull(j.repo_id, j.revision, offline=offline, name=model_id) for j in jobs]
     loud = not (quiet or as_json)
     for job, plan in zip(jobs, plans, strict=True):

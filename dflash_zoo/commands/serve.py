@@ -13,7 +13,13 @@ import click
 
 from dflash_zoo.commands.hubcmds import HUB_ENV, Ref, resolve
 from dflash_zoo.commands.serve_checks import check_overrides
-from dflash_zoo.errors import IncompatiblePairError, NotFoundError, ZooError
+from dflash_zoo.errors import (
+    IncompatiblePairError,
+    NotFoundError,
+    ZooError,
+    looks_like_path,
+    missing_directory,
+)
 from dflash_zoo.output import emit_json, hint, info
 from dflash_zoo.zoo import hub
 
@@ -83,9 +89,12 @@ def _resolve_draft(model_id: str) -> Ref:
     try:
         ref = resolve(model_id)
     except NotFoundError:
-        if not local.is_dir():
+        if local.is_dir():
+            ref = None
+        elif looks_like_path(model_id):  # `./my-drafter` that is not there: a path, not a registry miss
+            raise missing_directory(model_id) from None
+        else:
             raise
-        ref = None
     if ref is None or (ref.entry is None and local.is_dir()):
         return Ref(model_id, str(local.resolve()), None)
     return ref

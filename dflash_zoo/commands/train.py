@@ -333,6 +333,8 @@ def train(**p: Any) -> None:
     exs = _examples(p, records, model, tok, rank, world)
     prep = time.perf_counter() - t0
     if p["regenerate_only"]:
+        if p["as_json"] and rank == 0:
+            emit_json({"regenerated": len(exs), "cache": str(zoo_home() / "regen"), "data_seconds": prep})
         info(f"regenerated {len(exs)} examples (cached in {zoo_home() / 'regen'}); --regenerate-only: done")
         return
     fields = {f.name for f in dataclasses.fields(TrainConfig)}

@@ -54,11 +54,11 @@ class Example:
     start: int
 
 
-def read_jsonl(path: str | os.PathLike, limit: int | None = None) -> list[Record]:
+def read_jsonl(path: str | os.PathLike, limit: int | None = None, option: str = "--data") -> list[Record]:
     """Parse a JSONL data file; raises `DataError` naming the file and the first bad line."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"no such data file: {path}", hint="check the --data path")
+        raise DataError(f"no such data file: {path}", hint=f"check the {option} path")
     try:
         data = path.read_bytes()
     except OSError as exc:

@@ -31,6 +31,7 @@ from dflash_zoo import drafters
 from dflash_zoo.adapters import canonical_model_type, find_adapter, supported_model_types
 from dflash_zoo.adapters.base import MASK_UNKNOWN, Problem, TargetAdapter
 from dflash_zoo.engine.config import DraftConfig
+from dflash_zoo.errors import looks_like_path, missing_directory
 from dflash_zoo.zoo.check_sources import (
     Side,
     UnknownDraftConfig,
@@ -100,6 +101,9 @@ def check_pair(
     from dflash_zoo.quantization import check_rows as quantization_rows
     from dflash_zoo.zoo import hub
 
+    for name in (target, draft):  # `./my-finetune` that is not there: a path, not a registry miss
+        if name and looks_like_path(name) and not Path(name).expanduser().is_dir():
+            raise missing_directory(name)
     reg = registry or load_registry()
     offline = hub.is_offline() if offline is None else offline
     try:
