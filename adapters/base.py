@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from dflash_zoo.errors import ConfigError
+
 if TYPE_CHECKING:
     import torch
 
@@ -328,7 +330,10 @@ class TargetAdapter:
     @classmethod
     def text_config_dict(cls, config: dict[str, Any]) -> dict[str, Any]:
         """The decoder's config inside a (possibly composite VLM) config dict."""
-        return config.get("text_config") or config
+        nested = config.get("text_config")
+        if nested is not None and not isinstance(nested, dict):
+            raise ConfigError(f"target config: text_config must be a JSON object, got {nested!r}")
+        return nested or config
 
     @classmethod
     def validate(cls, target_config: dict[str, Any], draft: DraftConfig) -> list[Problem]:
@@ -369,7 +374,13 @@ class TargetAdapter:
                     f"mask id {draft.mask_token_id} outside the embedding table ({vocab} rows)",
                 )
             )
-        if vocab is not None and draft.vocab_size != vocab:
+        if vocab is not None and draft.arch == "dflash2" and draft.vocab_size < vocab:
+            # the selector's codebooks have a row per drafter token and are indexed by target token ids
+            problems.append(
+                Problem("FAIL", "vocab_size", f"DFlash 2 drafter vocab {draft.vocab_size} < target {vocab}: "
+                        "its candidate selector has no row for the target's later token ids")
+            )  # fmt: skip
+        elif vocab is not None and draft.vocab_size != vocab:
             problems.append(
                 Problem("WARN", "vocab_size", f"drafter vocab {draft.vocab_size} != target {vocab}")
             )

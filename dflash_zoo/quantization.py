@@ -35,6 +35,9 @@ EVIDENCE = (
 )
 
 
+REFUSES = "transformers refuses it"
+
+
 @dataclass(frozen=True)
 class Method:
     """One `quant_method` as transformers loads it: the packages its quantizer needs, and its GPU floor."""
@@ -43,7 +46,7 @@ class Method:
     packages: tuple[str, ...]  # import names transformers' quantizer requires to load it at all
     kernels: tuple[str, ...] = ()  # import names its fast GPU kernels need on top
     capability: tuple[int, int] | None = None  # minimum CUDA compute capability of those kernels
-    below: str = "transformers refuses it"  # what happens below that capability, or without the kernels
+    below: str = REFUSES  # what happens below that capability, or without the kernels
     loadable: bool = True  # transformers loads a pre-quantized checkpoint of it
     hub_kernel: str | None = None  # the Hub repo its kernel is fetched from (once, into the HF cache)
 
@@ -127,7 +130,7 @@ def details(qcfg: dict[str, Any]) -> str:
     """The scheme in a few words: block size, bits, groups, activation scheme, compressed-tensors formats."""
     parts = []
     block = qcfg.get("weight_block_size")
-    if block:
+    if isinstance(block, list) and block:
         parts.append(f"block-wise {'x'.join(str(b) for b in block)}")
     if qcfg.get("bits"):
         parts.append(f"{qcfg['bits']}-bit")
@@ -192,11 +195,12 @@ def _eager_answer(spec: Method, have: Any, capability: tuple[int, int] | None) -
         return f"transformers' {spec.label} quantizer", "PASS"
     absent = [k for k in spec.kernels if not have(k)]
     floor = ".".join(str(v) for v in spec.capability) if spec.capability else None
+    short = "FAIL" if spec.below == REFUSES else "WARN"  # refused, or run another, slower way
     if capability is None:
-        return f"no GPU seen: {spec.below} (its kernels need CUDA compute capability >= {floor})", "WARN"
+        return f"no GPU seen: {spec.below} (its kernels need CUDA compute capability >= {floor})", short
     if spec.capability and capability < spec.capability:
         have_cc = ".".join(str(v) for v in capability)
-        return f"GPU compute capability {have_cc} < {floor}: {spec.below}", "WARN"
+        return f"GPU compute capability {have_cc} < {floor}: {spec.below}", short
     if absent:
         return f"without {', '.join(absent)} {spec.below}", "WARN"
     fetched = f", kernel {spec.hub_kernel} from the Hub or the HF cache" if spec.hub_kernel else ""
@@ -227,6 +231,10 @@ def fp8_config_reason(qcfg: Any) -> str | None:
     blocks other than 128x128, static activation scales, or scales not stored as fp32 (`scale_fmt`)."""
     data = _config_dict(qcfg)
     block = data.get("weight_block_size")
+    if block is not None and not (isinstance(block, list) and all(isinstance(b, int) for b in block)):
+        raise ConfigError(
+            f"the target's quantization_config: weight_block_size must be a list of integers, got {block!r}"
+        )
     if block is None or list(block) != FP8_BLOCK:
         blocks = "per tensor" if block is None else "x".join(str(b) for b in block)
         return f"its FP8 weights are scaled {blocks}; the fast engine's FP8 kernels read 128x128 blocks"

@@ -490,3 +490,45 @@ def test_check_says_which_upload_is_cached():
     assert upload.status == "PASS"
     assert upload.detail == "your cached copy is the 2026-04 original upload (commit 6c7242c)"
     assert rows(report)["registry fingerprint"] == ["WARN"]  # and it is not the shape the registry pins
+
+
+# ---- what `generate` would refuse, `check` says first -------------------------------------------------------
+
+
+def test_a_bad_drafter_config_is_named_and_mistyped_fields_are_one_line(tmp_path):
+    from dflash_zoo.errors import ConfigError
+
+    target = as_dir(tmp_path, "qwen3-8b", "target")
+    draft = as_dir(tmp_path, "qwen3-8b", "draft")
+    for edit in ({"architectures": 1.5}, {"dflash_config": {"block_size": 1}}):
+        (draft / "config.json").write_text(
+            json.dumps({**json.loads(fx("qwen3-8b", "draft").read_text()), **edit})
+        )
+        with pytest.raises(ConfigError) as err:
+            check_pair(str(target), str(draft))
+        assert str(err.value).startswith(str(draft / "config.json")), err.value
+    (draft / "config.json").write_text(fx("qwen3-8b", "draft").read_text())
+    raw = json.loads(fx("qwen3-8b", "target").read_text())
+    for edit in (
+        {"quantization_config": {"quant_method": "fp8", "weight_block_size": 128}},
+        {"text_config": "x"},
+    ):
+        (target / "config.json").write_text(json.dumps({**raw, **edit}))
+        with pytest.raises(ConfigError, match="must be a"):
+            check_pair(str(target), str(draft))
+
+
+def test_a_dflash2_drafter_with_fewer_tokens_than_the_target_fails(tmp_path):
+    """Its candidate selector has a row per drafter token and is indexed by target token ids."""
+    target = as_dir(tmp_path, "qwen3.8-27b", "target")
+    draft = as_dir(tmp_path, "qwen3.8-27b", "draft")
+    raw = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps({**raw, "vocab_size": raw["vocab_size"] - 1000}))
+    report = check_pair(str(target), str(draft))
+    assert report.verdict == "incompatible" and "FAIL" in rows(report)["vocab"], rows(report)
+
+
+def test_a_registry_shape_says_nothing_of_the_quantization():
+    report = check_pair("gpt-oss-20b", offline=True)  # MXFP4 experts, its config not cached
+    (quant,) = [r for r in report.rows if r.check == "quantization"]
+    assert quant.status == "WARN" and quant.detail.startswith("unknown")

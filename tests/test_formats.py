@@ -26,7 +26,7 @@ from dflash_zoo.engine.config import load_draft_config, normalize_draft_config
 from dflash_zoo.engine.decode import EagerEngine
 from dflash_zoo.engine.drafter import DFlashDrafter, DraftKV, Span
 from dflash_zoo.engine.results import GenerationConfig
-from dflash_zoo.errors import ConfigError, DrafterFormatError, IncompatiblePairError
+from dflash_zoo.errors import CheckpointError, ConfigError, DrafterFormatError, IncompatiblePairError
 from dflash_zoo.formats import HF_NATIVE, SPECULATORS, detect, speculators
 from dflash_zoo.formats.draft_vocab import ReducedVocabDrafter
 from dflash_zoo.formats.verifier import model_parts
@@ -184,6 +184,37 @@ def test_hf_native_tensors_are_consumed_strictly(tmp_path, target):
     with pytest.raises(
         DrafterFormatError, match=r"missing hidden_norm\.weight; not used by dflash: encoder\.extra"
     ):
+        load_drafter(tmp_path / "a")
+
+
+@pytest.mark.parametrize("layout", ["zlab", HF_NATIVE])
+def test_a_tensor_stored_twice_is_refused_naming_both(tmp_path, target, layout):
+    """Two stored tensors landing on one drafter name (with and without the `model.` prefix, in two shards,
+    or in hf-native and z-lab spelling): loading either would ignore the other, so the checkpoint is refused."""
+    drafter = bidirectional(target, sliding=False)
+    if layout == HF_NATIVE:
+        save_layout(drafter, HF_NATIVE, tmp_path / "a")
+        stray, twin = "fc.weight", "encoder.fc.weight"
+    else:
+        save_drafter(drafter, tmp_path / "a")
+        stray, twin = "model.fc.weight", "fc.weight"
+    state = load_file(str(tmp_path / "a" / "model.safetensors"))
+    state[stray] = torch.zeros_like(state[twin])
+    save_file(state, str(tmp_path / "a" / "model.safetensors"))
+    with pytest.raises(DrafterFormatError if layout == HF_NATIVE else CheckpointError) as err:
+        load_drafter(tmp_path / "a")
+    assert stray in str(err.value) and twin in str(err.value)
+
+
+def test_a_tensor_in_two_shards_is_refused(tmp_path, target):
+    save_drafter(bidirectional(target, sliding=False), tmp_path / "a")
+    state = load_file(str(tmp_path / "a" / "model.safetensors"))
+    (tmp_path / "a" / "model.safetensors").unlink()
+    names = sorted(state)
+    save_file({k: state[k] for k in names[:3]}, str(tmp_path / "a" / "model-00001-of-00002.safetensors"))
+    rest = {k: state[k] for k in names[2:]}  # names[2] in both shards
+    save_file(rest, str(tmp_path / "a" / "model-00002-of-00002.safetensors"))
+    with pytest.raises(CheckpointError, match=f"are both the tensor {names[2]}"):
         load_drafter(tmp_path / "a")
 
 

@@ -67,6 +67,7 @@ CONFIGS = {
     "bnb": {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"},
     "gptq": {"quant_method": "gptq", "bits": 4, "group_size": 128},
     "modelopt": {"quant_method": "modelopt", "quant_algo": "NVFP4"},
+    "fbgemm": {"quant_method": "fbgemm_fp8"},
 }
 
 
@@ -86,6 +87,9 @@ def probe(present=(), capability=None):
         ("bnb", ("accelerate",), (9, 0), "WARN", ["bitsandbytes_4bit", "pip install bitsandbytes", "nf4"]),
         ("gptq", ("optimum", "gptqmodel"), None, "PASS", ["4-bit, group 128", "GPTQ quantizer"]),
         ("modelopt", (), (10, 0), "FAIL", ["transformers loads no pre-quantized", "dflash-zoo serve"]),
+        # transformers refuses fbgemm below Hopper: `check` must not call that pair compatible
+        ("fbgemm", ("accelerate", "fbgemm_gpu"), (8, 0), "FAIL", ["8.0 < 9.0: transformers refuses it"]),
+        ("fbgemm", ("accelerate", "fbgemm_gpu"), None, "FAIL", ["no GPU seen"]),
     ],
 )  # fmt: skip
 def test_report_names_what_runs_it_and_what_is_missing(name, present, capability, status, words):

@@ -59,13 +59,24 @@ def _weight_files(directory: Path) -> list[Path]:
 
 
 def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a (possibly sharded) safetensors checkpoint; a `model.` prefix is stripped."""
+    """All tensors of a (possibly sharded) safetensors checkpoint; a `model.` prefix is stripped. A name
+    stored twice (in two shards, or with and without the prefix) is refused: one copy would be ignored."""
     state: dict[str, torch.Tensor] = {}
+    came_from: dict[str, str] = {}
     for file in _weight_files(directory):
         try:
             with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                    state[key.removeprefix("model.")] = f.get_tensor(key)
+                keys = list(f.keys())
+                for key in keys:
+                    name = key.removeprefix("model.")
+                    if name in state:
+                        raise CheckpointError(
+                            f"{directory}: {came_from[name]} and {file.name}:{key} are both the tensor {name}",
+                            hint="a checkpoint stores each tensor once: remove the stray copy, or save it again",
+                        )
+                    state[name], came_from[name] = f.get_tensor(key), f"{file.name}:{key}"
+        except CheckpointError:
+            raise
         except Exception as exc:  # safetensors raises several types for truncated/corrupted headers
             raise CheckpointError(
                 f"cannot read {file.name} in {file.parent}: {exc}",
@@ -104,7 +115,7 @@ def _checked_state(
     model: DFlashDrafter, state: dict[str, torch.Tensor], directory: Path, cfg: DraftConfig
 ) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors under the model's names, or `DrafterFormatError` naming every problem."""
-    state = {_ALIASES.get(k, k): v for k, v in state.items()}
+    state = weights.renamed(state, _ALIASES)
     expected = model.state_dict()
     where = f"drafter {directory} ({cfg.arch})"
     missing = sorted(set(expected) - set(state))

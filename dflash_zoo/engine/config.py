@@ -139,11 +139,19 @@ def load_draft_config(path: str | Path) -> DraftConfig:
         raise ConfigError(f"{path} is not valid JSON: {exc}", hint="fix the file or fetch it again") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} is not a JSON object", hint="fix the file or fetch it again")
+    return normalize_config_file(raw, path)
+
+
+def normalize_config_file(
+    raw: dict[str, Any], path: Path, num_target_layers: int | None = None
+) -> DraftConfig:
+    """`normalize_draft_config` of the config read from `path`, every failure naming that file (a cached
+    config's snapshot says which revision it is)."""
     try:
-        return normalize_draft_config(raw)
-    except ZooError as exc:  # name the file: a cached config's snapshot says which revision it is
+        return normalize_draft_config(raw, num_target_layers)
+    except ZooError as exc:
         raise type(exc)(f"{path}: {exc}", hint=exc.hint or "fix the file or fetch it again") from exc
-    except (TypeError, ValueError, AttributeError) as exc:  # a field of a type no check above foresaw
+    except (TypeError, ValueError, AttributeError) as exc:  # a field of a type no check foresaw
         raise ConfigError(
             f"{path}: a field has an unexpected type or value ({exc})", hint="fix the file or fetch it again"
         ) from exc

@@ -37,10 +37,26 @@ class LayoutState:
     copies: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+def renamed(state: dict[str, torch.Tensor], names: dict[str, str]) -> dict[str, torch.Tensor]:
+    """`state` with the tensors of `names` renamed; two stored tensors that land on one name are refused,
+    naming both (keeping either would run the drafter with the other ignored)."""
+    out: dict[str, torch.Tensor] = {}
+    came_from: dict[str, str] = {}
+    for key, tensor in state.items():
+        name = names.get(key, key)
+        if name in out:
+            raise DrafterFormatError(
+                f"the checkpoint holds {came_from[name]} and {key}, both the drafter's {name}",
+                hint="a checkpoint stores each tensor once: remove the stray copy, or save the drafter again",
+            )
+        out[name], came_from[name] = tensor, key
+    return out
+
+
 def from_layout(cfg: Any, state: dict[str, torch.Tensor]) -> LayoutState:
     """The drafter's tensors of a checkpoint in `cfg.layout`; unknown names stay for the strict check to name."""
     if cfg.layout == HF_NATIVE:
-        return LayoutState({HF_NATIVE_NAMES.get(k, k): v for k, v in state.items()})
+        return LayoutState(renamed(state, HF_NATIVE_NAMES))
     if cfg.layout != SPECULATORS:
         return LayoutState(dict(state))
     state = dict(state)

@@ -102,7 +102,7 @@ def check_pair(
     from dflash_zoo.zoo import hub
 
     for name in (target, draft):  # `./my-finetune` that is not there: a path, not a registry miss
-        if name and looks_like_path(name) and not Path(name).expanduser().is_dir():
+        if name and looks_like_path(name) and not Path(name).expanduser().exists():
             raise missing_directory(name)
     reg = registry or load_registry()
     offline = hub.is_offline() if offline is None else offline
@@ -117,7 +117,11 @@ def check_pair(
     extra = [CheckRow("draft config", "WARN", n) for n in notes]
     rows = _adapter_rows(fp.model_type, cls) + _field_rows(cls or TargetAdapter, tcfg, dcfg)
     rows += extra + _entry_rows(dside, dcfg, cls) + _pair_rows(tside, dside, fp)
-    rows += [CheckRow(*row) for row in quantization_rows(tcfg, dcfg.raw)]
+    quant = [CheckRow(*row) for row in quantization_rows(tcfg, dcfg.raw)]
+    if tside.source.startswith("registry"):  # a shape from the registry says nothing of the quantization
+        unknown = "unknown: the target's config.json is not cached (`dflash-zoo pull ID --with-target`)"
+        quant = [CheckRow("quantization", "WARN", unknown) if r.check == "quantization" else r for r in quant]
+    rows += quant
     verdict = "incompatible" if any(r.status == "FAIL" for r in rows) else "compatible"
     dfp = DraftFingerprint(
         dcfg.block_size, dcfg.target_layer_ids, dcfg.mask_token_id, dcfg.num_hidden_layers, dcfg.arch

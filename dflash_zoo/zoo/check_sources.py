@@ -26,7 +26,7 @@ from typing import Any
 
 from dflash_zoo.adapters import find_adapter
 from dflash_zoo.adapters.base import TargetAdapter
-from dflash_zoo.engine.config import FULL, DraftConfig, RopeSpec, normalize_draft_config
+from dflash_zoo.engine.config import FULL, DraftConfig, RopeSpec, normalize_config_file
 from dflash_zoo.errors import ConfigError, InvalidArgumentError, NotFoundError, OfflineError, ZooError
 from dflash_zoo.zoo.registry import Entry, Registry, TargetFingerprint, read_pins
 
@@ -237,7 +237,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _draft(path: Path, num_target_layers: int) -> DraftConfig:
-    return normalize_draft_config(_read_json(path), num_target_layers=num_target_layers)
+    return normalize_config_file(_read_json(path), path, num_target_layers=num_target_layers)
 
 
 def fingerprint(cfg: dict, cls: type[TargetAdapter]) -> TargetFingerprint:
