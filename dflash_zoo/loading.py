@@ -70,7 +70,11 @@ def _mask_id(drafter: DFlashDrafter, tokenizer: Any, rows: int | None = None) ->
         tid = tokenizer.convert_tokens_to_ids(MASK_TOKEN_STRING)
         mask = tid if tid is not None and tid != tokenizer.unk_token_id else None
     if mask is None:
-        raise ConfigError("the draft config has no mask_token_id and the tokenizer has no <|MASK|> token")
+        raise ConfigError(
+            "the draft config has no mask_token_id and the tokenizer has no <|MASK|> token",
+            hint="add dflash_config.mask_token_id (the id the drafter was trained with) to the drafter's "
+            "config.json, or pass --draft-config FILE",
+        )
     if rows is not None and not 0 <= mask < rows:
         raise IncompatiblePairError(
             f"the drafter's mask_token_id {mask} is outside the target's embedding table ({rows} rows)",

@@ -532,3 +532,22 @@ def test_a_registry_shape_says_nothing_of_the_quantization():
     report = check_pair("gpt-oss-20b", offline=True)  # MXFP4 experts, its config not cached
     (quant,) = [r for r in report.rows if r.check == "quantization"]
     assert quant.status == "WARN" and quant.detail.startswith("unknown")
+
+
+def test_no_mask_id_anywhere_fails_where_the_targets_tokenizer_is_at_hand(tmp_path):
+    """No mask id in the draft config: `generate` falls back on the tokenizer's <|MASK|> token, or refuses."""
+    demo = Path(__file__).resolve().parents[1] / "dflash_zoo" / "demo"
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    raw = json.loads((demo / "draft" / "config.json").read_text())
+    raw["dflash_config"].pop("mask_token_id")
+    (draft / "config.json").write_text(json.dumps(raw))
+    target = tmp_path / "target"
+    target.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (target / name).write_text((demo / "target" / name).read_text())
+    assert rows(check_pair(str(target), str(draft)))["mask id"] == ["WARN"]  # it has <|MASK|>
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (target / name).write_text((target / name).read_text().replace("<|MASK|>", "<|PAD2|>"))
+    report = check_pair(str(target), str(draft))
+    assert rows(report)["mask id"] == ["FAIL"] and report.verdict == "incompatible"

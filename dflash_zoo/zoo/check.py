@@ -122,6 +122,9 @@ def check_pair(
         unknown = "unknown: the target's config.json is not cached (`dflash-zoo pull ID --with-target`)"
         quant = [CheckRow("quantization", "WARN", unknown) if r.check == "quantization" else r for r in quant]
     rows += quant
+    if dcfg.mask_token_id is None and _tokenizer_lacks_mask(target):  # `generate` then has no mask id at all
+        why = f"no mask id in the draft config, and {target}'s tokenizer has no {MASK_TOKEN} token to fall back on"
+        rows = [CheckRow("mask id", "FAIL", why) if r.check == "mask id" else r for r in rows]
     verdict = "incompatible" if any(r.status == "FAIL" for r in rows) else "compatible"
     dfp = DraftFingerprint(
         dcfg.block_size, dcfg.target_layer_ids, dcfg.mask_token_id, dcfg.num_hidden_layers, dcfg.arch
@@ -192,6 +195,17 @@ def transformers_floor() -> str | None:
         return None
     found = (re.match(r"transformers\s*>=\s*([0-9][0-9.]*)", r) for r in requires)
     return next((m.group(1) for m in found if m), None)
+
+
+MASK_TOKEN = "<|MASK|>"  # the token `generate` falls back on (loading.MASK_TOKEN_STRING, torch-free here)
+
+
+def _tokenizer_lacks_mask(target: str) -> bool:
+    """True when a local target folder's tokenizer files are there and none names the mask token."""
+    folder = Path(target).expanduser()
+    files = [folder / n for n in ("tokenizer.json", "tokenizer_config.json")] if folder.is_dir() else []
+    texts = [f.read_text(encoding="utf-8", errors="replace") for f in files if f.is_file()]
+    return bool(texts) and not any(MASK_TOKEN in t for t in texts)
 
 
 def _field_rows(cls: type[TargetAdapter], tcfg: dict, d: DraftConfig) -> list[CheckRow]:
