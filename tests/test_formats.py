@@ -190,7 +190,7 @@ def test_hf_native_tensors_are_consumed_strictly(tmp_path, target):
 @pytest.mark.parametrize("layout", ["zlab", HF_NATIVE])
 def test_a_tensor_stored_twice_is_refused_naming_both(tmp_path, target, layout):
     """Two stored tensors landing on one drafter name (with and without the `model.` prefix, in two shards,
-    or in hf-native and z-lab spelling): loading either would ignore the other, so the checkpoint is refused."""
+    or in hf-native and z-lab spelling): loading either would ignore the other, so it is refused."""
     drafter = bidirectional(target, sliding=False)
     if layout == HF_NATIVE:
         save_layout(drafter, HF_NATIVE, tmp_path / "a")

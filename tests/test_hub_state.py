@@ -164,7 +164,7 @@ def test_rm_keeps_a_users_own_files_in_the_cache(zoo_registry, hub_env):
 
 
 def test_rm_of_a_repo_folder_linked_elsewhere_removes_only_the_link(zoo_registry, hub_env, tmp_path):
-    """A user who moved a cached repo to another disk and linked it back: `rm` unlinks, deletes nothing there."""
+    """A repo moved to another disk and linked back: `rm` unlinks it and deletes nothing there."""
     cli("pull", TARGET_REPO, "-q")
     folder = zh.repo_cache_dir(TARGET_REPO)
     moved = tmp_path / "otherdisk" / folder.name

@@ -75,7 +75,8 @@ def check_tensor_parallel(tp: int, target: str, revision: str | None) -> None:
 
 def target_heads(target: str, revision: str | None) -> tuple[tuple[int, ...], int] | None:
     """(the query-head counts of its layers, KV heads) of the target's text model, or None when its config
-    cannot be read. Most targets have one count; Laguna lists one a layer (`num_attention_heads_per_layer`)."""
+    cannot be read. Most targets have one count; Laguna lists one a layer
+    (`num_attention_heads_per_layer`)."""
     try:
         raw = _target_config(target, revision)
     except ZooError:

@@ -70,8 +70,9 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
                 for key in keys:
                     name = key.removeprefix("model.")
                     if name in state:
+                        twice = f"{came_from[name]} and {file.name}:{key} are both the tensor {name}"
                         raise CheckpointError(
-                            f"{directory}: {came_from[name]} and {file.name}:{key} are both the tensor {name}",
+                            f"{directory}: {twice}",
                             hint="a checkpoint stores each tensor once: remove the stray copy, or save it again",
                         )
                     state[name], came_from[name] = f.get_tensor(key), f"{file.name}:{key}"

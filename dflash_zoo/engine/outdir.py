@@ -215,8 +215,8 @@ def check_name(out: Path) -> None:
         limit = 255
     if need > limit:
         raise InvalidArgumentError(
-            f"the output name {out.name[:32]}... ({len(out.name.encode())} bytes) is too long here: writing it "
-            f"goes through a hidden sibling of {need} bytes, and names may have {limit}",
+            f"the output name {out.name[:32]}... ({len(out.name.encode())} bytes) is too long here: writing "
+            f"it goes through a hidden sibling of {need} bytes, and names may have {limit}",
             hint=f"choose a name of at most {limit - (need - len(out.name.encode()))} bytes",
         )
 

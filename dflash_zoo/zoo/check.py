@@ -123,7 +123,7 @@ def check_pair(
         quant = [CheckRow("quantization", "WARN", unknown) if r.check == "quantization" else r for r in quant]
     rows += quant
     if dcfg.mask_token_id is None and _tokenizer_lacks_mask(target):  # `generate` then has no mask id at all
-        why = f"no mask id in the draft config, and {target}'s tokenizer has no {MASK_TOKEN} token to fall back on"
+        why = f"no mask id in the draft config, and {target}'s tokenizer has no {MASK_TOKEN} token either"
         rows = [CheckRow("mask id", "FAIL", why) if r.check == "mask id" else r for r in rows]
     verdict = "incompatible" if any(r.status == "FAIL" for r in rows) else "compatible"
     dfp = DraftFingerprint(
