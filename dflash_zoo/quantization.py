@@ -391,15 +391,42 @@ def load_kwargs(directory: str | Path, dtype: Any, device: Any) -> dict[str, Any
     return out
 
 
-def check_rows(target_config: dict[str, Any], draft_raw: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """`check`'s rows (name, status, detail): the target's quantization, and a quantized drafter if it is one."""
+def check_rows(
+    target_config: dict[str, Any], draft_raw: dict[str, Any], draft_dir: Path | None = None
+) -> list[tuple[str, str, str]]:
+    """`check`'s rows (name, status, detail): the target's quantization, and a quantized drafter if it is one
+    (by its config, or by the tensors of a local `draft_dir`, as the loader decides)."""
     r = report(target_config)
     rows = [("quantization", r.status, r.detail)]
     qcfg = draft_raw.get("quantization_config")
-    if qcfg:
+    what = f"{method_of(qcfg)}-quantized" if qcfg else tensor_quantization(draft_dir) if draft_dir else None
+    if what:
         why = (
-            f"the drafter is {method_of(qcfg)}-quantized: refused by default because {EVIDENCE}; "
+            f"the drafter is {what}: refused by default because {EVIDENCE}; "
             "--allow-quantized-drafter tries it (FP8 block-scaled weights only, dequantized)"
         )
         rows.append(("drafter quantization", "FAIL", why))
     return rows
+
+
+# safetensors dtypes of unquantized weights; a vocabulary map (`d2t`, `t2d`) may be integer or bool
+_FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
+_VOCAB_MAPS = ("d2t", "t2d")
+
+
+def tensor_quantization(folder: Path) -> str | None:
+    """Whether a drafter folder's safetensors hold quantized tensors (FP8, or integer weights other than a
+    vocabulary map), read from the files' JSON headers (no torch); e.g. "quantized (tensor X is F8_E4M3)"."""
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with open(file, "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(size))
+        except (OSError, ValueError):
+            return None  # unreadable here: the loader names it
+        for name, info in header.items():
+            if name != "__metadata__" and name.removeprefix("model.") not in _VOCAB_MAPS:
+                dtype = info.get("dtype") if isinstance(info, dict) else None
+                if dtype not in _FLOAT_DTYPES:
+                    return f"quantized (tensor {name} is {dtype})"
+    return None

@@ -122,6 +122,23 @@ def test_check_shows_the_quantization_rows(tmp_path):
     assert "sgl-project/sglang#39087" in rows["drafter quantization"]["detail"]
 
 
+def test_check_sees_a_drafter_quantized_in_its_tensors_only(tmp_path):
+    """No quantization_config, FP8 weights: `generate` refuses it, so `check` does too (from the header)."""
+    from safetensors.torch import load_file, save_file
+
+    target_dir, draft_dir = save_tiny_pair(tmp_path)
+    args = ("check", "--target", str(target_dir), "--draft", str(draft_dir), "--offline", "--json")
+    assert "drafter quantization" not in {r["check"] for r in json.loads(run_cli(*args).stdout)["rows"]}
+    weights = draft_dir / "model.safetensors"
+    state = load_file(str(weights))
+    name = next(k for k in state if k.endswith("down_proj.weight"))
+    state[name] = state[name].to(torch.float8_e4m3fn)
+    save_file(state, str(weights))
+    res = run_cli(*args)
+    rows = {r["check"]: r for r in json.loads(res.stdout)["rows"]}
+    assert res.code == 3 and f"tensor {name} is F8_E4M3" in rows["drafter quantization"]["detail"]
+
+
 # ---- engine selection ------------------------------------------------------------------------------------------
 def test_fast_engine_falls_back_to_eager_for_a_quantized_target():
     model = tiny_target("qwen3")

@@ -117,7 +117,11 @@ def check_pair(
     extra = [CheckRow("draft config", "WARN", n) for n in notes]
     rows = _adapter_rows(fp.model_type, cls) + _field_rows(cls or TargetAdapter, tcfg, dcfg)
     rows += extra + _entry_rows(dside, dcfg, cls) + _pair_rows(tside, dside, fp)
-    quant = [CheckRow(*row) for row in quantization_rows(tcfg, dcfg.raw)]
+    local = Path(draft).expanduser() if draft else None
+    quant = [
+        CheckRow(*row)
+        for row in quantization_rows(tcfg, dcfg.raw, local if local and local.is_dir() else None)
+    ]
     if tside.source.startswith("registry"):  # a shape from the registry says nothing of the quantization
         unknown = "unknown: the target's config.json is not cached (`dflash-zoo pull ID --with-target`)"
         quant = [CheckRow("quantization", "WARN", unknown) if r.check == "quantization" else r for r in quant]
