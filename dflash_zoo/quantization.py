@@ -409,9 +409,9 @@ def check_rows(
     return rows
 
 
-# safetensors dtypes of unquantized weights; a vocabulary map (`d2t`, `t2d`) may be integer or bool
+# safetensors dtypes of unquantized weights; a vocabulary map may be integer or bool, not quantized weights
 _FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
-_VOCAB_MAPS = ("d2t", "t2d")
+VOCAB_MAPS = ("d2t", "t2d")
 
 
 def tensor_quantization(folder: Path) -> str | None:
@@ -425,7 +425,7 @@ def tensor_quantization(folder: Path) -> str | None:
         except (OSError, ValueError):
             return None  # unreadable here: the loader names it
         for name, info in header.items():
-            if name != "__metadata__" and name.removeprefix("model.") not in _VOCAB_MAPS:
+            if name != "__metadata__" and name.removeprefix("model.") not in VOCAB_MAPS:
                 dtype = info.get("dtype") if isinstance(info, dict) else None
                 if dtype not in _FLOAT_DTYPES:
                     return f"quantized (tensor {name} is {dtype})"

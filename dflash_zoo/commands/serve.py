@@ -13,13 +13,7 @@ import click
 
 from dflash_zoo.commands.hubcmds import HUB_ENV, Ref, resolve
 from dflash_zoo.commands.serve_checks import check_overrides
-from dflash_zoo.errors import (
-    IncompatiblePairError,
-    NotFoundError,
-    ZooError,
-    looks_like_path,
-    missing_directory,
-)
+from dflash_zoo.errors import IncompatiblePairError, NotFoundError, ZooError
 from dflash_zoo.output import emit_json, hint, info
 from dflash_zoo.zoo import hub
 
@@ -85,16 +79,16 @@ def serve(model_id, engine, target, port, tp, block_size, dry_run, as_json, extr
 def _resolve_draft(model_id: str) -> Ref:
     """A registry entry first; else an existing local folder (as `from_pretrained` prefers it to a repo id of
     the same spelling); else a Hub repo id."""
+    from dflash_zoo.commands.run import check_model_paths
+
+    check_model_paths(model_id)  # `./my-drafter` that is not there: a path, not a registry miss
     local = Path(model_id).expanduser()
     try:
         ref = resolve(model_id)
     except NotFoundError:
-        if local.is_dir():
-            ref = None
-        elif looks_like_path(model_id):  # `./my-drafter` that is not there: a path, not a registry miss
-            raise missing_directory(model_id) from None
-        else:
+        if not local.is_dir():
             raise
+        ref = None
     if ref is None or (ref.entry is None and local.is_dir()):
         return Ref(model_id, str(local.resolve()), None)
     return ref

@@ -61,29 +61,18 @@ def _weight_files(directory: Path) -> list[Path]:
 def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     """All tensors of a (possibly sharded) safetensors checkpoint; a `model.` prefix is stripped. A name
     stored twice (in two shards, or with and without the prefix) is refused: one copy would be ignored."""
-    state: dict[str, torch.Tensor] = {}
-    came_from: dict[str, str] = {}
+    stored: list[tuple[str, str, torch.Tensor]] = []  # (file:key, name, tensor)
     for file in _weight_files(directory):
         try:
             with safe_open(str(file), framework="pt") as f:
-                keys = list(f.keys())
-                for key in keys:
-                    name = key.removeprefix("model.")
-                    if name in state:
-                        twice = f"{came_from[name]} and {file.name}:{key} are both the tensor {name}"
-                        raise CheckpointError(
-                            f"{directory}: {twice}",
-                            hint="a checkpoint stores each tensor once: remove the stray copy, or save it again",
-                        )
-                    state[name], came_from[name] = f.get_tensor(key), f"{file.name}:{key}"
-        except CheckpointError:
-            raise
+                for key in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    stored.append((f"{file.name}:{key}", key.removeprefix("model."), f.get_tensor(key)))
         except Exception as exc:  # safetensors raises several types for truncated/corrupted headers
             raise CheckpointError(
                 f"cannot read {file.name} in {file.parent}: {exc}",
                 hint="the file is damaged or incomplete: fetch or copy it again",
             ) from exc
-    return state
+    return weights.unique(stored, str(directory))
 
 
 def load_drafter(

@@ -20,9 +20,8 @@ from typing import Any
 import torch
 
 from dflash_zoo.errors import DrafterFormatError
-from dflash_zoo.quantization import EVIDENCE
+from dflash_zoo.quantization import EVIDENCE, VOCAB_MAPS
 
-_MAPS = ("d2t", "t2d")  # integer / bool vocabulary maps, not quantized weights
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _SCALES = ("_scale_inv", "_scale")
 
@@ -36,7 +35,7 @@ def quantization(raw: dict[str, Any], state: dict[str, torch.Tensor]) -> str | N
     qcfg = raw.get("quantization_config")
     if isinstance(qcfg, dict):
         return f"quantization_config quant_method {qcfg.get('quant_method', 'unknown')!r}"
-    odd = next((k for k, t in state.items() if k not in _MAPS and not t.is_floating_point()), None)
+    odd = next((k for k, t in state.items() if k not in VOCAB_MAPS and not t.is_floating_point()), None)
     if odd is None:
         odd = next((k for k, t in state.items() if t.dtype in _FP8), None)
     return None if odd is None else f"tensor {odd} is {str(state[odd].dtype).removeprefix('torch.')}"
@@ -71,7 +70,7 @@ def dequantize(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
                 )
             out[name] = _times_scale(t, state[scale_name], name)
             used.add(scale_name)
-        elif t.is_floating_point() or name in _MAPS:
+        elif t.is_floating_point() or name in VOCAB_MAPS:
             out[name] = t
         else:
             raise QuantizedDrafterError(

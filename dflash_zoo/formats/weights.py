@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,20 +38,24 @@ class LayoutState:
     copies: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def renamed(state: dict[str, torch.Tensor], names: dict[str, str]) -> dict[str, torch.Tensor]:
-    """`state` with the tensors of `names` renamed; two stored tensors that land on one name are refused,
-    naming both (keeping either would run the drafter with the other ignored)."""
+def unique(stored: Iterable[tuple[str, str, torch.Tensor]], where: str) -> dict[str, torch.Tensor]:
+    """{name: tensor} of stored tensors given as (where it is stored, its name, tensor); two stored tensors of
+    one name are refused, naming both (keeping either would run the drafter with the other ignored)."""
     out: dict[str, torch.Tensor] = {}
     came_from: dict[str, str] = {}
-    for key, tensor in state.items():
-        name = names.get(key, key)
+    for origin, name, tensor in stored:
         if name in out:
             raise DrafterFormatError(
-                f"the checkpoint holds {came_from[name]} and {key}, both the drafter's {name}",
+                f"{where}: {came_from[name]} and {origin} are both the tensor {name}",
                 hint="a checkpoint stores each tensor once: remove the stray copy, or save the drafter again",
             )
-        out[name], came_from[name] = tensor, key
+        out[name], came_from[name] = tensor, origin
     return out
+
+
+def renamed(state: dict[str, torch.Tensor], names: dict[str, str]) -> dict[str, torch.Tensor]:
+    """`state` with the tensors of `names` renamed (`unique`: two landing on one name are refused)."""
+    return unique(((k, names.get(k, k), t) for k, t in state.items()), "the checkpoint")
 
 
 def from_layout(cfg: Any, state: dict[str, torch.Tensor]) -> LayoutState:
