@@ -202,6 +202,21 @@ def test_bench_cli_profile_times_each_step(tmp_path, monkeypatch):
 def test_bench_cli_usage_errors():
     result = CliRunner().invoke(cli, ["bench", "--shape", "nope"])
     assert result.exit_code == 2 and "unknown shape" in result.output
+    result = CliRunner().invoke(cli, ["bench", "--path", "eager", "--profile", "--compile"])
+    assert result.exit_code == 2 and "--profile and --compile concern only the fast engine" in result.output
+    result = CliRunner().invoke(cli, ["bench", "--path", "fast", "--graphs", "--device", "cpu"])
+    assert result.exit_code == 2 and "--graphs captures CUDA graphs; this bench runs on cpu" in result.output
+
+
+@needs_demo
+def test_bench_says_when_fast_engine_options_go_unused(tmp_path):
+    """The engine picked here is the eager one (CPU): --profile is said to be unused, not silently dropped."""
+    args = ["bench", "--device", "cpu", "--dtype", "fp32", "--warmup", "0", "--limit", "1", "--repeats", "1"]
+    env = {"DFLASH_ZOO_HOME": str(tmp_path)}
+    result = CliRunner().invoke(cli, [*args, "--max-new-tokens", "3", "--json", "--profile"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "--profile concerns only the fast engine, not measured here" in result.stderr
+    assert list(json.loads(result.stdout)["results"]) == ["eager"]
 
 
 def test_bench_split_target_runs_eager_and_records_the_placement(tmp_path, monkeypatch):

@@ -551,3 +551,51 @@ def test_no_mask_id_anywhere_fails_where_the_targets_tokenizer_is_at_hand(tmp_pa
         (target / name).write_text((target / name).read_text().replace("<|MASK|>", "<|PAD2|>"))
     report = check_pair(str(target), str(draft))
     assert rows(report)["mask id"] == ["FAIL"] and report.verdict == "incompatible"
+
+
+def test_a_speculators_drafter_names_its_verifier(tmp_path):
+    """The copies it carries must equal the target's (`generate` compares them): a config can only warn."""
+    spec = Path(__file__).parent / "fixtures" / "formats" / "speculators-qwen3-8b-dflash.json"
+    report = check_pair("qwen3-8b", draft_config=spec, offline=True)
+    (row,) = [r for r in report.rows if r.check == "verifier"]
+    assert row.status == "PASS" and "Qwen/Qwen3-8B's embedding and LM head" in row.detail
+    finetune = tmp_path / "my-finetune"
+    finetune.mkdir()
+    (finetune / "config.json").write_text(fx("qwen3-8b", "target").read_text())
+    report = check_pair(str(finetune), draft_config=spec, offline=True)
+    (row,) = [r for r in report.rows if r.check == "verifier"]  # the same shape, other weights maybe
+    assert row.status == "WARN" and "refuses it unless the target's are identical" in row.detail
+    assert report.verdict == "compatible"
+    raw = json.loads(spec.read_text())
+    raw["speculators_config"]["verifier"]["name_or_path"] = str(finetune)
+    (tmp_path / "draft.json").write_text(json.dumps(raw))
+    report = check_pair(str(finetune), draft_config=tmp_path / "draft.json", offline=True)
+    assert [r.status for r in report.rows if r.check == "verifier"] == ["PASS"]
+
+
+def _header_only_safetensors(path: Path, dtype: str) -> None:
+    """A safetensors file of one 2-element tensor, written without torch."""
+    header = json.dumps({"w.weight": {"dtype": dtype, "shape": [2], "data_offsets": [0, 2]}}).encode()
+    path.write_bytes(len(header).to_bytes(8, "little") + header + b"\0\0")
+
+
+def test_cached_files_are_read_like_local_ones():
+    """A cached drafter quantized in its tensors, and a cached target tokenizer without the mask token."""
+    from dflash_zoo.zoo.hub import repo_cache_dir
+
+    demo = Path(__file__).resolve().parents[1] / "dflash_zoo" / "demo"
+    raw = json.loads((demo / "draft" / "config.json").read_text())
+    cache_repo("me/fp8-drafter", raw)
+    snapshot = repo_cache_dir("me/fp8-drafter") / "snapshots" / SHA
+    _header_only_safetensors(snapshot / "model.safetensors", "F8_E4M3")
+    cache_repo("me/target", json.loads((demo / "target" / "config.json").read_text()))
+    report = check_pair("me/target", "me/fp8-drafter", offline=True)
+    (row,) = [r for r in report.rows if r.check == "drafter quantization"]
+    assert row.status == "FAIL" and "tensor w.weight is F8_E4M3" in row.detail
+    raw["dflash_config"].pop("mask_token_id")
+    cache_repo("me/plain-drafter", raw)
+    target = repo_cache_dir("me/target") / "snapshots" / SHA
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        text = (demo / "target" / name).read_text()
+        (target / name).write_text(text.replace("<|MASK|>", "<|PAD2|>"))
+    assert rows(check_pair("me/target", "me/plain-drafter", offline=True))["mask id"] == ["FAIL"]

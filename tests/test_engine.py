@@ -42,6 +42,7 @@ GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason
         ("cuda", EngineOptions(fast=False), False, False, "eager"),
         ("cuda", EngineOptions(), True, False, "eager"),  # split target
         ("cuda", EngineOptions(fast=True), False, True, "eager"),  # image prefill inputs
+        ("cpu", EngineOptions(True, FastOptions(graphs=True)), False, False, "eager"),  # graphs: CUDA only
     ],
 )
 def test_engine_choice_for_a_supported_family(device, options, split, images, expected):

@@ -188,6 +188,9 @@ def bench(
         )
     if devices and "fast" in paths:
         raise click.UsageError("a target split across devices runs the eager path only (--path eager)")
+    fast_only = _fast_only_options(kw, compile_steps)
+    if fast_only and paths and "fast" not in paths:
+        raise click.UsageError(f"{fast_only} only the fast engine: add --path fast")
     if shape and shape not in B.SHAPES:
         raise click.UsageError(f"unknown shape {shape!r}; known: {', '.join(B.SHAPES)}")
     if kw.get("draft_arch") and not shape:
@@ -217,6 +220,8 @@ def bench(
     # a split target: its first device sets the dtype default
     device, split = resolve_devices(devices, device)
     torch_dtype = parse_dtype(dtype, device)
+    if kw.get("graphs") and not str(device).startswith("cuda"):
+        raise click.UsageError(f"--graphs captures CUDA graphs; this bench runs on {device}")
     where = devices or device
     quiet_loading()  # transformers' own loading bar: the line below says what is built
     info(f"building {'shape ' + shape if shape else entry or target or 'the demo pair'} on {where} ...")
@@ -234,6 +239,8 @@ def bench(
             sub.adapter, device, EngineOptions(), drafter=sub.drafter, split=sub.placement is not None
         )
         info(f"engine: {choice.name} ({choice.reason})")
+        if fast_only and choice.name != "fast":
+            info(f"{fast_only} only the fast engine, not measured here: --path fast runs it")
         opts = B.BenchOptions(**{**vars(opts), "paths": (choice.name,)})
     argv = ["dflash-zoo", *sys.argv[1:]]
     if fp8:  # the bf16 target, then the same weights in FP8 (bench/fp8.py)
@@ -248,6 +255,13 @@ def bench(
         info(line)
     _warn_spread(record)
     report(record, record_path, explicit=out is not None, as_json=as_json)
+
+
+def _fast_only_options(kw: dict, compile_steps: bool | None) -> str | None:
+    """The options given that only the fast engine reads, as a sentence's subject and verb."""
+    given = {"--profile": kw.get("profile"), "--graphs": kw.get("graphs"), "--compile": compile_steps}
+    names = [name for name, value in given.items() if value]
+    return f"{' and '.join(names)} {'concern' if len(names) > 1 else 'concerns'}" if names else None
 
 
 def report(record: dict, path: Path, explicit: bool, as_json: bool) -> None:

@@ -404,9 +404,10 @@ class ChatSession:
         if hasattr(sys.stdin, "reconfigure"):  # a line that is not UTF-8 must not end the session
             sys.stdin.reconfigure(errors="replace")
         stderr().print("[dim]chat ready: /help for commands, /bye to quit[/dim]")
+        prompt = ">>> " if sys.stdin.isatty() else ""  # piped: stdout holds the answers alone
         while True:
             try:
-                line = input(">>> ")
+                line = input(prompt)
             except EOFError:
                 break
             except KeyboardInterrupt:

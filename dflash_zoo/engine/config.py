@@ -96,6 +96,7 @@ class DraftConfig:
     taps_from_default_rule: bool = False
     draft_vocab_size: int | None = None  # a reduced draft vocabulary, with its own head (formats/)
     layout: str = field(default="zlab", compare=False)  # the checkpoint layout it was read from (formats/)
+    verifier: str | None = field(default=None, compare=False)  # the target a speculators drafter names
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -165,6 +166,7 @@ def normalize_draft_config(raw: dict[str, Any], num_target_layers: int | None = 
     """
     from dflash_zoo import formats
 
+    verifier = formats.speculators.verifier_name(raw)
     raw, layout = formats.as_zlab(raw)
     dcfg = raw.get("dflash_config") or {}
     if not isinstance(dcfg, dict):
@@ -218,6 +220,7 @@ def normalize_draft_config(raw: dict[str, Any], num_target_layers: int | None = 
         taps_from_default_rule=from_rule,
         draft_vocab_size=_draft_vocab(spec, get("draft_vocab_size"), raw.get("vocab_size")),
         layout=layout,
+        verifier=verifier,
         raw=dict(raw),
     )
 

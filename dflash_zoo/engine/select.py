@@ -82,6 +82,8 @@ def _choose(
         reason = "the target is split across devices (the fast engine needs it on one)"
     elif prefill_inputs:
         reason = "image inputs run on the eager engine"
+    elif options.fast_options.graphs and not cuda:
+        reason = f"fast_options.graphs=True captures CUDA graphs, and this is {device}"
     else:
         graphs = options.fast_options.graphs
         reason = unsupported_reason(adapter, graphs=cuda if graphs is None else graphs)

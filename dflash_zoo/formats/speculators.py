@@ -83,6 +83,14 @@ def to_zlab(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def verifier_name(raw: dict[str, Any]) -> str | None:
+    """The `name_or_path` of the verifier a speculators config names (None in other layouts, or unnamed)."""
+    spec = raw.get("speculators_config")
+    verifier = spec.get("verifier") if isinstance(spec, dict) else None
+    named = verifier.get("name_or_path") if isinstance(verifier, dict) else None
+    return named if isinstance(named, str) and named else None
+
+
 def _kind(raw: dict[str, Any]) -> str:
     kind = raw.get("speculators_model_type")
     if kind not in ARCHITECTURES:

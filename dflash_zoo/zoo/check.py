@@ -117,16 +117,12 @@ def check_pair(
     extra = [CheckRow("draft config", "WARN", n) for n in notes]
     rows = _adapter_rows(fp.model_type, cls) + _field_rows(cls or TargetAdapter, tcfg, dcfg)
     rows += extra + _entry_rows(dside, dcfg, cls) + _pair_rows(tside, dside, fp)
-    local = Path(draft).expanduser() if draft else None
-    quant = [
-        CheckRow(*row)
-        for row in quantization_rows(tcfg, dcfg.raw, local if local and local.is_dir() else None)
-    ]
+    quant = [CheckRow(*row) for row in quantization_rows(tcfg, dcfg.raw, dside.folder)]
     if tside.source.startswith("registry"):  # a shape from the registry says nothing of the quantization
         unknown = "unknown: the target's config.json is not cached (`dflash-zoo pull ID --with-target`)"
         quant = [CheckRow("quantization", "WARN", unknown) if r.check == "quantization" else r for r in quant]
-    rows += quant
-    if dcfg.mask_token_id is None and _tokenizer_lacks_mask(target):  # `generate` then has no mask id at all
+    rows += quant + _verifier_rows(dcfg.verifier, tside)
+    if dcfg.mask_token_id is None and _tokenizer_lacks_mask(tside.folder):  # then `generate` has no mask id
         why = f"no mask id in the draft config, and {target}'s tokenizer has no {MASK_TOKEN} token either"
         rows = [CheckRow("mask id", "FAIL", why) if r.check == "mask id" else r for r in rows]
     verdict = "incompatible" if any(r.status == "FAIL" for r in rows) else "compatible"
@@ -204,10 +200,9 @@ def transformers_floor() -> str | None:
 MASK_TOKEN = "<|MASK|>"  # the token `generate` falls back on (loading.MASK_TOKEN_STRING, torch-free here)
 
 
-def _tokenizer_lacks_mask(target: str) -> bool:
-    """True when a local target folder's tokenizer files are there and none names the mask token."""
-    folder = Path(target).expanduser()
-    files = [folder / n for n in ("tokenizer.json", "tokenizer_config.json")] if folder.is_dir() else []
+def _tokenizer_lacks_mask(folder: Path | None) -> bool:
+    """True when the target folder's (local or cached) tokenizer files are there and none names the mask token."""
+    files = [folder / n for n in ("tokenizer.json", "tokenizer_config.json")] if folder else []
     texts = [f.read_text(encoding="utf-8", errors="replace") for f in files if f.is_file()]
     return bool(texts) and not any(MASK_TOKEN in t for t in texts)
 
@@ -295,6 +290,28 @@ def _pin_rows(e: Entry, d: DraftConfig) -> list[CheckRow]:
             CheckRow("revision", "WARN", f"tracks {e.draft_revision}; `dflash-zoo pull {e.slug}` pins it")
         )
     return rows
+
+
+def _verifier_rows(named: str | None, t: Side) -> list[CheckRow]:
+    """A speculators drafter names the verifier whose embedding and LM head it carries copies of; `generate`
+    refuses it unless they equal the target's, which configs alone cannot tell."""
+    if named is None:
+        return []
+    copies = f"the drafter carries copies of {named}'s embedding and LM head"
+    if _same_model(named, t):
+        return [CheckRow("verifier", "PASS", f"{copies}; `generate` compares them with the target's")]
+    why = f"{copies}, not of {t.name}'s: `generate` refuses it unless the target's are identical"
+    return [CheckRow("verifier", "WARN", why)]
+
+
+def _same_model(named: str, t: Side) -> bool:
+    """Whether a drafter's verifier name means the checked target: its name, registry repo or folder."""
+    named_entry = t.entry is not None and t.how in ("slug", "alias", "target")  # not a variant or lookalike
+    names = {t.name.lower(), t.entry.target_repo.lower() if named_entry else ""}
+    if named.lower() in names:
+        return True
+    path = Path(named).expanduser()
+    return t.folder is not None and path.is_dir() and path.resolve() == t.folder.resolve()
 
 
 def _plain(v: Any) -> Any:

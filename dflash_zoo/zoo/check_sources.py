@@ -57,6 +57,7 @@ class Side:
     source: str
     entry: Entry | None
     how: str | None  # slug | alias | target | draft | variant | fingerprint | None
+    folder: Path | None = None  # the local or cached folder its config.json came from (its other files)
 
 
 def resolve_target(
@@ -74,7 +75,7 @@ def resolve_target(
             hint=f"`dflash-zoo info {name}` names its target",
         )
     entry = named[0] if named else None
-    cfg, source = _target_config(name, config, entry, offline, reg)
+    cfg, source, folder = _target_config(name, config, entry, offline, reg)
     cls = find_adapter(str(cfg.get("model_type", "")))
     try:
         fp = fingerprint(cfg, cls or TargetAdapter)
@@ -82,7 +83,7 @@ def resolve_target(
         if entry is not None and not entry.target.known:  # its own config lacks the shape too
             raise _unknown_shape(entry, f"{source} lacks it ({exc})") from exc
         raise ConfigError(f"{source}: {exc}", hint=exc.hint) from exc  # name the file it came from
-    return cfg, Side(name, source, *(named or _by_fingerprint(reg, fp))), fp, cls
+    return cfg, Side(name, source, *(named or _by_fingerprint(reg, fp)), folder), fp, cls
 
 
 def _lookup(reg: Registry, name: str, config: Any) -> tuple[Entry, str] | None:
@@ -93,12 +94,13 @@ def _lookup(reg: Registry, name: str, config: Any) -> tuple[Entry, str] | None:
 
 def _target_config(
     name: str, config: Any, entry: Entry | None, offline: bool, reg: Registry
-) -> tuple[dict, str]:
+) -> tuple[dict, str, Path | None]:
+    """The config, where it came from, and the folder beside it (local or cached; None otherwise)."""
     if config is not None:
-        return _read_json(Path(config)), f"config file {config}"
+        return _read_json(Path(config)), f"config file {config}", None
     local = _local_config(name)
     if local is not None:
-        return _read_json(local), f"local {local}"
+        return _read_json(local), f"local {local}", _folder(name)
     repo = name if REPO_ID.match(name) else (entry.target_repo if entry is not None else None)
     if repo is not None:
         own = entry is not None and entry.target_repo.lower() == repo.lower()
@@ -106,11 +108,11 @@ def _target_config(
         for rev in dict.fromkeys((pinned, None)):  # the commit `pull --with-target` recorded, then main
             cached = _cached_config(repo, rev)
             if cached is not None:
-                return _read_json(cached), f"hf cache {repo}" + (f"@{rev}" if rev else "")
+                return _read_json(cached), f"hf cache {repo}" + (f"@{rev}" if rev else ""), cached.parent
     if entry is not None:
         if not entry.target.known:  # nothing to build a config from; the Hub's would lack it as well
             raise _unknown_shape(entry, "no config.json of it is cached")
-        return registry_config(entry), f"registry {entry.slug} (target fingerprint)"
+        return registry_config(entry), f"registry {entry.slug} (target fingerprint)", None
     if not REPO_ID.match(name):
         reg.resolve(name)  # raises NotFoundError with the nearest registry names
     if offline:
@@ -118,7 +120,8 @@ def _target_config(
             f"no config for {name}: not a local dir, not in the HF cache, not in the registry, and offline",
             hint="pass --config FILE, or run without --offline / HF_HUB_OFFLINE",
         )
-    return _read_json(_hub_config(name, None)), f"hub {name}"
+    fetched = _hub_config(name, None)
+    return _read_json(fetched), f"hub {name}", fetched.parent
 
 
 def _unknown_shape(entry: Entry, why: str) -> UnknownTargetShape:
@@ -151,7 +154,7 @@ def resolve_draft(
     if draft_config is not None:
         return _with(side, f"config file {draft_config}"), _draft(Path(draft_config), L), []
     if local is not None:
-        return _with(side, f"local {local}"), _draft(local, L), []
+        return _with(side, f"local {local}", _folder(draft)), _draft(local, L), []
     return _remote_draft(side, repo, offline, L)
 
 
@@ -162,11 +165,12 @@ def _remote_draft(side: Side, repo: str, offline: bool, L: int) -> tuple[Side, D
     for rev in dict.fromkeys(r for r in (locked, revision) if r):
         cached = _cached_config(repo, rev)
         if cached is not None:
-            return _with(side, f"hf cache {repo}@{rev}"), _draft(cached, L), notes
+            return _with(side, f"hf cache {repo}@{rev}", cached.parent), _draft(cached, L), notes
     why = "not cached, offline"
     if not offline:
         try:
-            return _with(side, f"hub {repo}@{revision}"), _draft(_hub_config(repo, revision), L), notes
+            fetched = _hub_config(repo, revision)
+            return _with(side, f"hub {repo}@{revision}", fetched.parent), _draft(fetched, L), notes
         except ZooError as exc:
             if entry is None:
                 raise
@@ -189,8 +193,8 @@ def _remote_draft(side: Side, repo: str, offline: bool, L: int) -> tuple[Side, D
     return _with(side, f"registry {entry.slug} (draft fingerprint)"), synth, notes
 
 
-def _with(side: Side, source: str) -> Side:
-    return Side(side.name, source, side.entry, side.how)
+def _with(side: Side, source: str, folder: Path | None = None) -> Side:
+    return Side(side.name, source, side.entry, side.how, folder)
 
 
 def _local_config(name: str | None) -> Path | None:
@@ -203,6 +207,12 @@ def _local_config(name: str | None) -> Path | None:
             hint="point at the model's own folder (the one holding config.json), or pass --config FILE",
         )
     return path / "config.json" if path.is_dir() else path
+
+
+def _folder(name: str) -> Path | None:
+    """A local model folder given by name (a config.json file alone says nothing of its siblings)."""
+    path = Path(name).expanduser()
+    return path if path.is_dir() else None
 
 
 def _cached_config(repo: str, revision: str | None) -> Path | None:

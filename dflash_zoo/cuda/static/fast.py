@@ -94,6 +94,8 @@ class FastEngine(Engine):
         self.device = next(adapter.layers()[0].parameters()).device
         self.options = options
         self.graphs = self.device.type == "cuda" if options.graphs is None else options.graphs
+        if self.graphs and self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device; the target is on {self.device}")
         reason = unsupported_reason(adapter, graphs=self.graphs) or drafter_reason(drafter)
         if reason:
             raise ValueError(reason)
