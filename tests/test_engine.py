@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 import torch
-from dflash_zoo.adapters import get_adapter
+from dflash_zoo.adapters import find_adapter, get_adapter
 
 from dflash_zoo import demo
 from dflash_zoo.api import Pipeline, load
@@ -22,6 +22,7 @@ from dflash_zoo.engine.options import FastOptions
 from dflash_zoo.engine.results import GenerationConfig
 from dflash_zoo.engine.sampling import Sampler
 from dflash_zoo.engine.select import EngineOptions, choose_engine
+from dflash_zoo.engine.static_support import unsupported_reason
 from tests.oracles import reference_dflash
 from tests.static_matrix import EAGER_ONLY_MODEL_TYPES, STATIC_MODEL_TYPES, fast_engine, static_pair
 from tests.test_sampling import N_RUNS, PROMPT, SETTINGS, V, chi_square_pvalue, exact_distribution
@@ -444,3 +445,28 @@ def test_bench_measures_the_engine_generate_would_pick(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert "engine: eager (auto: the fast engine runs on CUDA by default" in result.stderr
     assert list(json.loads(result.stdout)["results"]) == ["eager"]
+
+
+# ---- rotary that switches with a forward's length ----------------------------------------------------------
+LONGROPE = dict(
+    rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 8,
+    long_factor=[float(i + 2) for i in range(8)], original_max_position_embeddings=32,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("family", ["qwen3"])
+def test_longrope_verify_blocks_stop_where_its_factors_switch(family):
+    """transformers' longrope rotates a whole forward with its long factors once its last position reaches 32:
+    a verify block across 32 would cache keys that token-by-token decoding rotates with the short factors."""
+    from tests.oracles import greedy_reference
+
+    target = tiny_target(family, max_position_embeddings=128, rope_parameters=LONGROPE)
+    adapter, drafter = find_adapter(family)(target), tiny_drafter(target, seed=1)
+    assert "longrope rotary switches its factors at position 32" in unsupported_reason(adapter)
+    eager = build_engine(adapter, drafter, MASK, EngineOptions(fast=False), 128, require="eager")[0]
+    for seed in range(3):
+        prompt = torch.randint(5, 100, (20,), generator=torch.Generator().manual_seed(seed)).tolist()
+        res = eager.speculative(prompt, GenerationConfig(max_new_tokens=40, stop_token_ids=()))
+        assert res.output_ids == greedy_reference(target, prompt, 40)
+        ends = [20 + sum(res.acceptance_lengths[: i + 1]) for i in range(len(res.steps))]
+        assert 32 in ends  # a block stopped at the switch (positions before it never verified with the rest)

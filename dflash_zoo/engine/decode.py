@@ -5,7 +5,8 @@ owns embeddings, logits, taps and cache rollback. Per step:
 1. the drafter fills `[bonus] + mask x (B-1)` in one pass (always the whole block B), conditioned on the
    tapped features of every committed token not yet in its context cache;
 2. the target verifies `[bonus] + drafts` in one forward with taps on: all B slots, or near
-   `max_new_tokens` only the `v = verify_width(B, room)` that can still be committed;
+   `max_new_tokens` only the `v = verify_width(B, room)` that can still be committed (and, for a longrope
+   target, no block crosses the position where its rotary factors switch: `run.rope_switch`);
 3. the acceptance rule (sampling.py) picks `na` accepted drafts and the next token;
 4. the target cache drops the `v - (na + 1)` rejected positions (adapter.rollback);
 5. the tapped features of the `na + 1` kept inputs become the drafter's next new context.
@@ -20,7 +21,7 @@ import torch
 
 from dflash_zoo.engine.drafter import DFlashDrafter, DraftKV, Span
 from dflash_zoo.engine.results import GREEDY_RULE, SAMPLING_RULE, GenerationConfig, GenerationResult
-from dflash_zoo.engine.run import AcceptOverride, Engine, Generation, Run, verify_width
+from dflash_zoo.engine.run import AcceptOverride, Engine, Generation, Run, rope_switch, verify_width
 from dflash_zoo.engine.sampling import Sampler, new_generator
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ class SpeculativeDecoder(Generation):
 
     def _run(self, taps) -> Iterator[list[int]]:
         run, block = self.run, self.cfg.block_size
+        switch = rope_switch(self.adapter.config)  # longrope: no verify block crosses its switch
         gen = None if self.cfg.greedy else new_generator(self.device, self.cfg.seed)
         cache = self.adapter.new_cache()
         ids = torch.tensor([self.prompt], device=self.device)
@@ -74,7 +76,7 @@ class SpeculativeDecoder(Generation):
         self.adapter.start_decoding(cache)
         dkv, pos, step = DraftKV(), len(self.prompt), 0
         while not run.done:
-            v = verify_width(block, run.room)
+            v = verify_width(block, run.room, pos, switch)
             # v == 1 (one token left): nothing drafted could be committed, so the drafter is not run
             drafts, q = self._draft(bonus, feats, dkv, pos, block, gen) if v > 1 else (bonus[:0], None)
             drafts, q = drafts[: v - 1], None if q is None else q[: v - 1]  # [v-1], [v-1, V]

@@ -38,13 +38,35 @@ def truncate(tokens: list[int], stops: set[int], room: int) -> tuple[list[int], 
     return tokens, None
 
 
-def verify_width(block: int, room: int) -> int:
-    """Verify slots of a step: the block, or fewer when only `room` tokens may still be committed.
+def verify_width(block: int, room: int, pos: int = 0, switch: int | None = None) -> int:
+    """Verify slots of a step: the block, or fewer when only `room` tokens may still be committed, or when
+    the rows from position `pos` would cross the target's rotary `switch` (`rope_switch`).
 
     A step commits at most (verified slots) tokens, so verifying `room` slots commits exactly what a
     full-block verify would, truncated to `room`.
     """
-    return max(1, min(block, room))
+    v = max(1, min(block, room))
+    if switch is not None and pos < switch < pos + v:  # rows on both sides: stop the block at the switch
+        return switch - pos
+    return v
+
+
+def rope_switch(config: Any) -> int | None:
+    """The position from which a target's rotary frequencies change with the length of each forward, None when
+    they do not. transformers' longrope takes its long factors for a whole forward once its last position
+    reaches `original_max_position_embeddings`, so a verify block must not hold rows on both sides of it:
+    token-by-token decoding rotates the rows before it with the short factors."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    params = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
+    if not isinstance(params, dict) or not params:
+        return None
+    per_layer_type = all(isinstance(v, dict) for v in params.values())  # {"full_attention": {...}, ...}
+    for p in params.values() if per_layer_type else [params]:
+        if p.get("rope_type", p.get("type")) == "longrope":
+            value = p.get("original_max_position_embeddings")
+            value = value or getattr(text, "original_max_position_embeddings", None)
+            return int(value) if isinstance(value, int) and value > 0 else None
+    return None
 
 
 class Run:

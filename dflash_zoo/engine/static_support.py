@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from dflash_zoo.adapters.base import SparseMoE
+from dflash_zoo.engine.run import rope_switch
 
 if TYPE_CHECKING:
     from dflash_zoo.adapters.base import StaticLayout, TargetAdapter
@@ -103,6 +104,9 @@ def unsupported_reason(adapter: TargetAdapter, graphs: bool = False) -> str | No
     reason = layout_reason(adapter)  # no declared static layout, or layer types it does not cover
     if reason:
         return reason
+    switch = rope_switch(adapter.config)
+    if switch is not None:  # the static engine verifies whole blocks; the eager one stops them at the switch
+        return f"longrope rotary switches its factors at position {switch}, which whole-block verifies would cross"
     return graph_unsafe_reason(adapter) if graphs else None
 
 
