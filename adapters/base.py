@@ -40,6 +40,10 @@ MASK_UNKNOWN = (
     "tokenizer's <|MASK|> token; fix: add dflash_config.mask_token_id (an id below the target's embedding "
     "rows) to the drafter's config.json, or pass --draft-config FILE"
 )
+LAST_LAYER_TAP = (
+    "tap {last} is the target's last layer: dflash-zoo feeds its raw output, z-lab's reference and transformers' "
+    "DFlash its output after the final norm, so proposals differ from theirs (the output is the target's)"
+)
 
 
 @dataclass(frozen=True)
@@ -350,6 +354,13 @@ class TargetAdapter:
             problems.append(
                 Problem("FAIL", "taps", f"tap id {max(draft.target_layer_ids)} >= target layers ({layers})")
             )
+        elif (
+            layers is not None
+            and layers - 1 in draft.target_layer_ids
+            and draft.arch in ("dflash", "dflash2")
+        ):
+            # z-lab's reference (and transformers' DFlash) read hidden_states[L]: after the final norm
+            problems.append(Problem("WARN", "taps", LAST_LAYER_TAP.format(last=layers - 1)))
         if layers is not None and draft.num_target_layers not in (None, layers):
             problems.append(
                 Problem(

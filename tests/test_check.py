@@ -599,3 +599,16 @@ def test_cached_files_are_read_like_local_ones():
         text = (demo / "target" / name).read_text()
         (target / name).write_text(text.replace("<|MASK|>", "<|PAD2|>"))
     assert rows(check_pair("me/target", "me/plain-drafter", offline=True))["mask id"] == ["FAIL"]
+
+
+def test_a_last_layer_tap_warns_that_proposals_differ_from_the_reference(tmp_path):
+    """z-lab's reference reads hidden_states[L] (after the final norm); dflash-zoo the layer's raw output."""
+    demo = Path(__file__).resolve().parents[1] / "dflash_zoo" / "demo"
+    layers = json.loads((demo / "target" / "config.json").read_text())["num_hidden_layers"]
+    raw = json.loads((demo / "draft" / "config.json").read_text())
+    for taps, status in (([0, layers - 2], "PASS"), ([0, layers - 1], "WARN")):
+        raw["dflash_config"]["target_layer_ids"] = taps
+        (tmp_path / "draft.json").write_text(json.dumps(raw))
+        report = check_pair(str(demo / "target"), draft_config=tmp_path / "draft.json", offline=True)
+        (row,) = [r for r in report.rows if r.check == "taps"]
+        assert row.status == status and (status == "PASS" or "after the final norm" in row.detail)

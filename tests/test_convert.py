@@ -9,7 +9,6 @@ replace a directory dflash-zoo did not write.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -23,6 +22,7 @@ from dflash_zoo.engine.decode import EagerEngine
 from dflash_zoo.engine.drafter import DFlashDrafter
 from dflash_zoo.engine.results import GenerationConfig
 from tests.cli_runner import run_cli
+from tests.reference import load_reference_drafter
 from tests.tiny import draft_config_dict, randomize, tiny_dflash2, tiny_target, tiny_tokenizer
 
 SLIDING = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6}
@@ -65,6 +65,12 @@ def assert_same_tensors(a_dir, b_dir):
         assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), name
 
 
+def assert_reference_reads_it_alike(directory, drafter):
+    """z-lab's loader takes a zlab output whole, with the same in-block causality per layer as ours."""
+    ref = load_reference_drafter(directory, dflash2=drafter.arch == "dflash2")
+    assert [layer.self_attn.is_causal for layer in ref.layers] == list(drafter.cfg.causal)
+
+
 def convert(src, layout, out, *extra) -> dict:
     res = run_cli("convert", str(src), "--to", layout, str(out), "--json", *extra)
     assert res.code == 0, res.stderr
@@ -90,13 +96,16 @@ def test_zlab_to_speculators_and_back(tmp_path, target_dir, kind, dtype, extra):
     spec = json.loads((tmp_path / "s" / "config.json").read_text())
     assert spec["speculators_model_type"] == kind
     assert spec["aux_hidden_state_layer_ids"] == [i + 1 for i in drafter.cfg.target_layer_ids]
+    res = run_cli("convert", str(tmp_path / "s"), "--to", "zlab", str(tmp_path / "z3"))
+    assert (
+        res.code == 2 and "num_target_layers" in res.stderr and "--target" in res.stderr
+    )  # not in speculators
     back = convert(tmp_path / "s", "zlab", tmp_path / "z2", "--target", str(tdir))
     assert back["verifier_copies_checked"] and len(back["verifier_copies_dropped"]) == 4
     assert_same_tensors(tmp_path / "z", tmp_path / "z2")
     again = load_drafter(tmp_path / "z2", dtype=None)
-    assert again.cfg == dataclasses.replace(
-        drafter.cfg, num_target_layers=None
-    )  # speculators has no field for it
+    assert again.cfg == drafter.cfg  # the target's layer count from --target
+    assert_reference_reads_it_alike(tmp_path / "z2", drafter)
     expected = proposals(load_drafter(tmp_path / "z"), target)
     assert (
         proposals(again, target) == expected and proposals(load_drafter(tmp_path / "s"), target) == expected
@@ -113,6 +122,7 @@ def test_zlab_to_hf_native_and_back(tmp_path, target_dir, sliding):
     convert(tmp_path / "h", "zlab", tmp_path / "z2")
     assert_same_tensors(tmp_path / "z", tmp_path / "z2")
     assert load_drafter(tmp_path / "z2").cfg == drafter.cfg
+    assert_reference_reads_it_alike(tmp_path / "z2", drafter)
     expected = proposals(drafter, target)
     assert proposals(load_drafter(tmp_path / "z2"), target) == expected
     assert proposals(load_drafter(tmp_path / "h"), target) == expected

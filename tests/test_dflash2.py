@@ -83,6 +83,21 @@ def test_greedy_conforms_to_reference(tmp_path, target, arch, sliding):
             assert_conforms(ours(target, mine, prompt, 40, engine=engine), expected, 8)
 
 
+@pytest.mark.parametrize("act", ["relu", "gelu_pytorch_tanh"])
+def test_drafter_activations_conform_to_reference(tmp_path, target, act):
+    """The reference takes transformers' ACT2FN[hidden_act]; ours the same function by name."""
+    reference_module()
+    torch.manual_seed(3)
+    drafter = DFlashDrafter(normalize_draft_config(draft_config_dict(target, hidden_act=act))).float().eval()
+    save_drafter(drafter, tmp_path / "d")
+    ref = load_reference_drafter(tmp_path / "d", dflash2=False)
+    with torch.no_grad():
+        expected = reference_run(ref, target, PROMPTS[1], 40)
+    assert_conforms(ours(target, load_drafter(tmp_path / "d"), PROMPTS[1], 40), expected, 8)
+    with pytest.raises(ConfigError, match="hidden_act 'gelu_new' is not one dflash-zoo's drafter runs"):
+        normalize_draft_config(draft_config_dict(target, hidden_act="gelu_new"))
+
+
 def test_a_scaled_embedding_target_conforms_where_the_config_names_the_block_scale(tmp_path):
     """Gemma 4 scales its embeddings by sqrt(H). A DFlash drafter sees the block as the target embeds it
     (docs/method.md: how the published Gemma 4 drafters are served), which z-lab's torch reference does not

@@ -10,6 +10,7 @@ are checked against it.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -127,4 +128,7 @@ def _write(
         verifier.check(copies, parts, target=tgt["name"])
         archs = tuple(tgt["config"].get("architectures") or ())
         ver = write.Verifier(tgt["name"], archs, parts)
+        if model.cfg.num_target_layers is None:  # speculators does not hold it; z-lab's loader needs it
+            layers = tgt["adapter"].text_config_dict(tgt["config"]).get("num_hidden_layers")
+            model.cfg = dataclasses.replace(model.cfg, num_target_layers=layers)
     return write.save_layout(model, layout, out, ver, overwrite), [c.name for c in copies]

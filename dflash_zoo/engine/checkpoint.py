@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from dflash_zoo import drafters
 from dflash_zoo.engine import outdir
-from dflash_zoo.engine.config import DraftConfig, load_draft_config
+from dflash_zoo.engine.config import SLIDING, DraftConfig, load_draft_config
 from dflash_zoo.engine.drafter import DFlashDrafter
 from dflash_zoo.engine.outdir import OWNER, OWNER_KEY
 from dflash_zoo.errors import CheckpointError, DrafterFormatError, missing_directory
@@ -192,10 +192,24 @@ def draft_config_dict(cfg: DraftConfig) -> dict[str, Any]:
             if getattr(cfg, key) is not None:
                 dcfg[key] = getattr(cfg, key)
     raw["dflash_config"] = dcfg
+    _write_causality(raw, dcfg, cfg)
     if spec is drafters.LAGUNA:
         raw["gating"] = cfg.attention_gate or False
     raw.pop("auto_map", None)  # never point loaders at remote code
     return raw
+
+
+def _write_causality(raw: dict[str, Any], dcfg: dict[str, Any], cfg: DraftConfig) -> None:
+    """In-block causality where z-lab's loader reads it: a top-level `is_causal` when every layer agrees (what
+    z-lab's attention reads), else nothing for the default rule (sliding layers causal, full ones not), else
+    the per-layer list in `dflash_config` (ours and vLLM's reading; z-lab's loader cannot express it)."""
+    for d in (raw, dcfg):  # a converted config may say it elsewhere (`dflash_config.causal`)
+        d.pop("is_causal", None)
+        d.pop("causal", None)
+    if len(set(cfg.causal)) == 1:
+        raw["is_causal"] = cfg.causal[0]
+    elif cfg.causal != tuple(t == SLIDING for t in cfg.layer_types):
+        dcfg["causal"] = list(cfg.causal)
 
 
 def write_drafter_files(

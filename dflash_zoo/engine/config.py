@@ -209,7 +209,7 @@ def normalize_draft_config(raw: dict[str, Any], num_target_layers: int | None = 
         rope=_rope(raw, layer_types),
         rms_norm_eps=_float(raw.get("rms_norm_eps", 1e-6), "rms_norm_eps"),
         attention_bias=bool(raw.get("attention_bias", False)),
-        hidden_act=str(raw.get("hidden_act", "silu")),
+        hidden_act=_hidden_act(raw.get("hidden_act", "silu")),
         max_position_embeddings=_int(raw.get("max_position_embeddings", 40960), "max_position_embeddings"),
         final_logit_softcapping=None if softcap is None else _float(softcap, "final_logit_softcapping"),
         output_multiplier=_float(get("output_multiplier", 1.0), "output_multiplier"),
@@ -223,6 +223,17 @@ def normalize_draft_config(raw: dict[str, Any], num_target_layers: int | None = 
         verifier=verifier,
         raw=dict(raw),
     )
+
+
+HIDDEN_ACTS = ("silu", "swish", "gelu", "gelu_pytorch_tanh", "relu")  # the drafter MLP's (engine/drafter.py)
+
+
+def _hidden_act(value: Any) -> str:
+    if value not in HIDDEN_ACTS:
+        raise ConfigError(
+            f"draft config: hidden_act {value!r} is not one dflash-zoo's drafter runs ({', '.join(HIDDEN_ACTS)})"
+        )
+    return value
 
 
 def _int(value: Any, key: str, minimum: int = 1) -> int:

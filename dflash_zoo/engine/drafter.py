@@ -32,7 +32,13 @@ if TYPE_CHECKING:
 # window) -> [B, heads, N, hd]
 Attend = Callable[..., torch.Tensor]
 
-_ACTS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+_ACTS = {  # transformers' ACT2FN of the same names, exactly (config.HIDDEN_ACTS)
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
 
 
 class RMSNorm(nn.Module):

@@ -89,3 +89,9 @@ def check_expressible(layout: str, cfg: Any, has_target: bool) -> None:
             "tokens through its own head",
             hint="keep it in the speculators layout (`--to speculators`)",
         )
+    elif cfg.num_target_layers is None and not has_target:  # z-lab's loader computes with it unconditionally
+        raise DrafterFormatError(
+            "a z-lab config holds the target's layer count (num_target_layers), which this drafter's "
+            f"{cfg.layout} config does not",
+            hint="pass --target with the drafter's target (a local dir or Hub id): its config gives the count",
+        )

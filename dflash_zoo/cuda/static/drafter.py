@@ -30,7 +30,7 @@ class StaticDrafter:
     def __init__(self, drafter: Any, max_len: int, options: FastOptions, kernels: Kernels):
         self.d, self.kernel = drafter, kernels.fused_ops  # the fused kernels, as in StaticTarget
         self.gemv = gemv = kernels.projections(options)
-        silu = drafter.cfg.hidden_act == "silu"  # the kernels' fused SwiGLU
+        silu = drafter.cfg.hidden_act in ("silu", "swish")  # the kernels' fused SwiGLU
         self.mlp = MLPKernels(ACTS["silu"] if silu else 0, gemv, kernels.fused_ops and silu)
         self.attend = BLOCK_ATTENTION[kernels.block_attention]
         w = drafter.fc.weight
