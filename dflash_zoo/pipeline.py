@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import logging
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,8 @@ log = logging.getLogger("dflash_zoo")
 
 
 class TextStream:
-    """Incremental detokenisation: feed committed ids, get the new text (held back mid-character)."""
+    """Incremental detokenisation: feed committed ids, get the new text; a trailing incomplete character is held
+    back until its next bytes come, or until `flush` at the end (the pieces then add up to the whole text)."""
 
     def __init__(self, tokenizer: Any):
         self.tokenizer, self.ids, self.sent = tokenizer, [], 0
@@ -40,9 +41,18 @@ class TextStream:
             return ""
         self.ids += ids
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the next tokens
+        return self._take(len(text.rstrip("\ufffd")), text)  # U+FFFD at the end: bytes of a character to come
+
+    def flush(self) -> str:
+        """What is held back: the generation ended inside a character (decoded as U+FFFD, as `text` has it)."""
+        if self.tokenizer is None:
             return ""
-        new, self.sent = text[self.sent :], len(text)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        return self._take(len(text), text)
+
+    def _take(self, end: int, text: str) -> str:
+        new = text[self.sent : end] if end > self.sent else ""
+        self.sent = max(self.sent, end)
         return new
 
 
@@ -112,7 +122,11 @@ class Pipeline:
         """A `GenerationConfig` (checked by the engine that runs it); `stop_token_ids=None` means the pair's
         defaults, `[]` none at all."""
         stops = kw.pop("stop_token_ids", None)
-        stops = self.stop_token_ids if stops is None else tuple(stops)
+        if isinstance(stops, int):  # one id (GenerationConfig names a value of another wrong type)
+            stops = (stops,)
+        stops = (
+            self.stop_token_ids if stops is None else tuple(stops) if isinstance(stops, Iterable) else stops
+        )
         return GenerationConfig(stop_token_ids=stops, **kw)
 
     def engine(self, cfg: GenerationConfig, prompt_tokens: int, images: bool = False) -> Engine:
@@ -205,6 +219,8 @@ class Pipeline:
             text = stream.push(ids)
             if text:
                 yield text
+        if rest := stream.flush():
+            yield rest
 
     def generate_autoregressive(
         self, prompt: Any, raw: bool = False, on_text: Callable[[str], None] | None = None, **kw: Any
@@ -222,6 +238,8 @@ class Pipeline:
             text = stream.push(ids) if on_text is not None else ""
             if text:
                 on_text(text)
+        if on_text is not None and (rest := stream.flush()):
+            on_text(rest)
         gen.result.text = self._decode(gen.result.output_ids)
         return gen.result
 

@@ -73,6 +73,19 @@ def test_piped_stdout_holds_the_answers_alone(pair):
     assert res.stdout == want + "\n"
 
 
+def test_raw_chat_continues_one_running_text(pair):
+    """--raw: no template, and turn 2 continues turn 1's line and answer (the history is not dropped)."""
+    from dflash_zoo.api import load
+
+    pipe = load(str(pair[0]), str(pair[1]), device="cpu")
+    first = pipe.generate("ab", raw=True, max_new_tokens=6).text
+    second = pipe.generate("ab" + first + "\n" + "cd", raw=True, max_new_tokens=6).text
+    res = chat(pair, "ab\ncd\n/bye\n", "--raw")
+    assert res.exit_code == 0, res.output
+    assert res.stdout == first + "\n" + second + "\n"
+    assert second != pipe.generate("cd", raw=True, max_new_tokens=6).text  # else this tests nothing
+
+
 def test_non_finite_temperature_and_unknown_think_values_are_refused(pair):
     res = chat(
         pair, "/set temperature nan\n/set temperature inf\n/set think maybe\n/set think on\n/set\n/bye\n"

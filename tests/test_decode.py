@@ -91,11 +91,19 @@ def test_result_schema_and_statistics(pipe, pair):
         ({"seed": "a"}, "seed must be an integer"),
         ({"max_new_tokens": 2.5}, "max_new_tokens must be an integer"),
         ({"stop_token_ids": ["x"]}, "stop_token_ids must be token ids"),
+        ({"stop_token_ids": 5.0}, "stop_token_ids must be token ids"),
     ],
 )
 def test_bad_generation_arguments(pipe, kw, message):
     with pytest.raises(InvalidArgumentError, match=message):
         pipe.generate(PROMPT, **kw)
+
+
+def test_one_stop_token_id_needs_no_list(pipe):
+    full = pipe.generate(PROMPT, max_new_tokens=12, stop_token_ids=[])
+    stop = full.output_ids[3]
+    cut = pipe.generate(PROMPT, max_new_tokens=12, stop_token_ids=stop)
+    assert cut.output_ids == full.output_ids[: full.output_ids.index(stop) + 1]
 
 
 @pytest.mark.parametrize(

@@ -210,6 +210,18 @@ def test_stream_on_the_fast_engine_equals_generate():
     assert "".join(pieces) == pipe.generate("hello world", raw=True, max_new_tokens=16).text
 
 
+def test_streamed_text_adds_up_when_a_generation_ends_inside_a_character(demo_pair):
+    """The held-back bytes of a split character come out at the end: pieces join to `text`."""
+    pipe, _ = demo_pair
+    prompt = "s = 'caf\u00e9 caf\u00e9 caf\u00e9"
+    res = pipe.generate(prompt, raw=True, max_new_tokens=7)
+    assert res.text.endswith("\ufffd")  # the case under test: the last token is a character's first byte
+    assert "".join(pipe.stream(prompt, raw=True, max_new_tokens=7)) == res.text
+    pieces: list[str] = []
+    pipe.generate(prompt, raw=True, max_new_tokens=7, on_text=pieces.append)
+    assert "".join(pieces) == res.text and all(pieces)
+
+
 @pytest.mark.parametrize("fast", [False, True])
 def test_a_newer_generation_ends_an_unfinished_stream_instead_of_corrupting_it(fast):
     """One pipeline runs one generation at a time (the fast engine's buffers, the eager loop's tap hooks): a

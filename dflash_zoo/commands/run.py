@@ -335,7 +335,8 @@ def chat(
 ):  # fmt: skip
     """Interactive multi-turn chat with speculative decoding (per-turn stats on stderr).
 
-    MODEL_ID is a registry id; --target/--draft pick any pair; with neither, the embedded demo pair.
+    MODEL_ID is a registry id; --target/--draft pick any pair; with neither, the embedded demo pair. With --raw
+    the turns are one running text (each line, its continuation, a newline) that the target continues.
 
     \b
     Examples:
@@ -491,7 +492,7 @@ class ChatSession:
         from dflash_zoo.errors import ZooError
 
         self.messages.append({"role": "user", "content": text})
-        prompt = text if self.raw else self.messages
+        prompt = self._raw_transcript() if self.raw else self.messages
         if self.images:  # image prompts go through the processor: earlier turns are flattened into the text
             prompt = "".join(f"{m['role']}: {m['content']}\n" for m in self.messages[:-1]) + text
         stream, reply, gen, steps = TextStream(self.pipe.tokenizer), [], None, None
@@ -518,10 +519,20 @@ class ChatSession:
                 stderr().print(f"hint: {exc.hint}", highlight=False)
             self.messages.pop()
             return
+        reply.append(stream.flush())  # a reply that ended inside a character: its held-back bytes
+        _write(reply[-1])
         sys.stdout.write("\n")
         self.last = gen.result
         self.messages.append({"role": "assistant", "content": "".join(reply)})
         print_stats(gen.result)
+
+    def _raw_transcript(self) -> str:
+        """Without a chat template the turns are one running text: each line, its continuation, a newline."""
+        turns = self.messages[:-1]
+        done = "".join(
+            u["content"] + a["content"] + "\n" for u, a in zip(turns[::2], turns[1::2], strict=True)
+        )
+        return done + self.messages[-1]["content"]
 
 
 def _partial_timings(res: Any, elapsed: float) -> None:

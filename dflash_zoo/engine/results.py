@@ -79,7 +79,10 @@ class GenerationConfig:
         for name, value in {"temperature": self.temperature, "top_p": self.top_p}.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise InvalidArgumentError(f"{name} must be a number, got {value!r}")
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids):
+        stops = self.stop_token_ids
+        if not isinstance(stops, tuple) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in stops
+        ):
             raise InvalidArgumentError(
                 f"stop_token_ids must be token ids (integers), got {self.stop_token_ids!r}"
             )
