@@ -234,6 +234,24 @@ def test_a_fresh_run_beside_kept_checkpoints_refuses(capsys, tmp_path, target, d
     assert not root.exists()
 
 
+def test_out_pointing_at_a_kept_checkpoint_is_refused_naming_it(capsys, tmp_path, target, data):
+    """A checkpoint holds optimizer state: `--out` at it (our own files) needs --overwrite like a foreign dir."""
+    out = tmp_path / "d"
+    assert train(capsys, target, data, out, "--keep-checkpoints", steps=2)[0] == 0
+    step = tmp_path / "d-checkpoint" / "step-00000002"
+    kept = _files(step)
+    code, _, err = train(capsys, tmp_path / "no-target", data, step)  # refused before loading
+    assert code == 2, err
+    err = " ".join(err.split())
+    assert f"{step} is a training checkpoint (it holds COMPLETE, trainer_state.pt)" in err, err
+    assert "--overwrite" in err
+    assert _files(step) == kept
+    code, _, err = train(capsys, target, data, step, "--overwrite")
+    assert code == 0, err
+    assert f"{step} holds a training checkpoint (--overwrite): it is replaced" in " ".join(err.split())
+    assert not (step / checkpoints.STATE_FILE).exists()
+
+
 def test_a_drafter_from_elsewhere_with_training_args_needs_overwrite(capsys, tmp_path, target, data, drafter):
     """File names prove nothing: a drafter another tool wrote (even with a training_args.json) is the user's."""
     out = tmp_path / "d"
