@@ -420,6 +420,43 @@ def test_resume_of_a_finished_run_prints_json(capsys, tmp_path, target, data):
     assert code == 1 and "nothing to resume" in err and "--keep-checkpoints" in err, err
 
 
+@pytest.mark.parametrize(
+    ("first", "extra", "message"),
+    [
+        ([], ["--draft-layers", "3"], "--draft-layers 3 differs from the checkpoint's layers 1"),
+        ([], ["--block-size", "8"], "--block-size 8 differs from the checkpoint's block size 4"),
+        ([], ["--target-layer-ids", "0,2"], "--target-layer-ids 0,2 differs from the checkpoint's taps 2"),
+        ([], ["--arch", "dflash2"], "--arch dflash2 differs from the checkpoint's architecture dflash"),
+        ([], ["--no-target-features"], "was trained without --no-target-features"),
+        (["--no-target-features"], [], "was trained with --no-target-features"),
+    ],
+    ids=["layers", "block", "taps", "arch", "features-added", "features-dropped"],
+)
+def test_resume_with_other_shape_options_is_a_usage_error(
+    capsys, tmp_path, target, data, first, extra, message
+):
+    """A resumed run continues the checkpoint's drafter: an option saying otherwise is named with its value."""
+    out = tmp_path / "d"
+    assert train(capsys, target, data, out, "--keep-checkpoints", *first)[0] == 0
+    code, _, err = train(capsys, target, data, out, "--resume", *extra, steps=2)
+    assert code == 2, err
+    err = " ".join(err.split())
+    assert message in err and str(tmp_path / "d-checkpoint" / "step-00000001") in err, err
+
+
+def test_training_args_record_the_drafters_real_shape(capsys, tmp_path, target, data, drafter):
+    """With --init and no shape options, training_args.json holds the --init drafter's shape, not defaults."""
+    from dflash_zoo.engine.config import load_draft_config
+
+    out = tmp_path / "d"
+    code, _, err = run(capsys, "train", "--target", target, "--data", data, "--out", out, "--steps", 1,
+                       "--init", drafter, "--batch-size", "2", "--anchors-per-seq", "8", "--device", "cpu")  # fmt: skip
+    assert code == 0, err
+    args, dcfg = json.loads((out / "training_args.json").read_text()), load_draft_config(out)
+    assert (args["draft_layers"], args["block_size"]) == (dcfg.num_hidden_layers, dcfg.block_size) == (1, 4)
+    assert args["target_layer_ids"] == list(dcfg.target_layer_ids) and args["arch"] == "dflash"
+
+
 @pytest.mark.parametrize("damage", ["empty", "truncated"])
 def test_damaged_trainer_state_is_named(capsys, tmp_path, target, data, damage):
     out = tmp_path / "d"
