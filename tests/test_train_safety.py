@@ -316,6 +316,35 @@ def test_missing_or_bad_data_is_reported_before_the_target_loads(capsys, tmp_pat
     assert not (tmp_path / "d").exists()
 
 
+def test_responses_cut_away_by_max_length_are_named_apart_from_missing_ones(capsys, tmp_path, target, data):
+    """Every line has a response, but the chat-templated prompt alone fills --max-length 12."""
+    code, _, err = train(capsys, target, data, tmp_path / "d", "--max-length", "12")
+    assert code == 2, err
+    err = " ".join(err.split())
+    assert "skipped 6 record(s) whose response --max-length 12 cut away" in err, err
+    assert "no usable training examples" in err and "hint: raise --max-length" in err
+    assert "use --regenerate" not in err and "needs --regenerate" not in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        (["--max-new-tokens", "1"], "6 response(s) under 2 tokens (raise --max-new-tokens)"),
+        (["--max-new-tokens", "8", "--max-length", "12"], "6 prompt(s) at or past --max-length 12"),
+    ],
+    ids=["short-responses", "long-prompts"],
+)
+@pytest.mark.parametrize("only", [[], ["--regenerate-only"]], ids=["train", "regenerate-only"])
+def test_regeneration_leaving_no_example_says_why(capsys, tmp_path, target, data, extra, why, only):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"prompt": r["prompt"]}) + "\n" for r in map(json.loads, data.open()))
+    )
+    code, _, err = train(capsys, target, prompts, tmp_path / "d", "--regenerate", *extra, *only)
+    assert code == 2, err
+    assert f"no usable training examples: {why}" in " ".join(err.split()), err
+
+
 @pytest.mark.parametrize("where", ["parent", "out", "checkpoint"])
 def test_unwritable_locations_fail_before_training(tmp_path, target, data, where):
     ro = tmp_path / "ro"

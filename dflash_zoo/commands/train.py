@@ -170,7 +170,7 @@ def _examples(p: dict, records: list, model: Any, tok: Any, rank: int, world: in
         return data.tokenize_records(records, tok, p["raw"], p["max_length"], chat)
     if p["regenerate_endpoint"]:
         exs = train_scale.endpoint_examples(p, records, tok, chat, rank, world)
-        return _cut(exs, p["max_length"])
+        return data.cut_regenerated(exs, len(records), p["max_length"])
     keys = ("raw", "prompt_tokens", "max_new_tokens", "temperature", "seed")
     settings = {k: p[k] for k in keys} | {"dtype": str(model.dtype)}
     cache = zoo_home() / "regen" / f"{data.regen_key(p['target'], p['data'], settings)}.jsonl"
@@ -186,14 +186,7 @@ def _examples(p: dict, records: list, model: Any, tok: Any, rank: int, world: in
 
         torch.distributed.barrier()
         exs = data.regenerate(records, model, tok, cache_file=cache)  # every rank reads the cache
-    return _cut(exs, p["max_length"])
-
-
-def _cut(exs: list, max_length: int) -> list:
-    """Examples cut to `max_length` tokens; those left with fewer than two supervised tokens dropped."""
-    from dflash_zoo.training.data import Example
-
-    return [Example(e.ids[:max_length], e.start) for e in exs if min(len(e.ids), max_length) - e.start >= 2]
+    return data.cut_regenerated(exs, len(records), p["max_length"])
 
 
 @click.command(epilog=EXAMPLES_TRAIN)
