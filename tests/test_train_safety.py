@@ -335,7 +335,10 @@ def test_responses_cut_away_by_max_length_are_named_apart_from_missing_ones(caps
     ids=["short-responses", "long-prompts"],
 )
 @pytest.mark.parametrize("only", [[], ["--regenerate-only"]], ids=["train", "regenerate-only"])
-def test_regeneration_leaving_no_example_says_why(capsys, tmp_path, target, data, extra, why, only):
+def test_regeneration_leaving_no_example_says_why(
+    capsys, tmp_path, target, data, extra, why, only, monkeypatch
+):
+    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path / "zoo"))
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(
         "".join(json.dumps({"prompt": r["prompt"]}) + "\n" for r in map(json.loads, data.open()))
@@ -343,6 +346,23 @@ def test_regeneration_leaving_no_example_says_why(capsys, tmp_path, target, data
     code, _, err = train(capsys, target, prompts, tmp_path / "d", "--regenerate", *extra, *only)
     assert code == 2, err
     assert f"no usable training examples: {why}" in " ".join(err.split()), err
+
+
+def test_regeneration_cache_follows_the_chat_template(capsys, tmp_path, target, data, monkeypatch):
+    """Another chat_template.jinja renders other prompts: the regeneration cache is not reused."""
+    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path / "zoo"))
+    tgt = tmp_path / "target"
+    shutil.copytree(target, tgt)
+    regen = tmp_path / "zoo" / "regen"
+    for _ in range(2):  # the second run reads the first one's cache
+        assert train(capsys, tgt, data, tmp_path / "d", "--regenerate", "--regenerate-only")[0] == 0
+        assert len(list(regen.glob("*.jsonl"))) == 1
+    (tgt / "chat_template.jinja").write_text(
+        "{% for m in messages %}<<{{ m['role'] }}>> {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<<assistant>> {% endif %}"
+    )
+    assert train(capsys, tgt, data, tmp_path / "d", "--regenerate", "--regenerate-only")[0] == 0
+    assert len(list(regen.glob("*.jsonl"))) == 2
 
 
 @pytest.mark.parametrize("where", ["parent", "out", "checkpoint"])

@@ -172,7 +172,9 @@ def _examples(p: dict, records: list, model: Any, tok: Any, rank: int, world: in
         exs = train_scale.endpoint_examples(p, records, tok, chat, rank, world)
         return data.cut_regenerated(exs, len(records), p["max_length"])
     keys = ("raw", "prompt_tokens", "max_new_tokens", "temperature", "seed")
-    settings = {k: p[k] for k in keys} | {"dtype": str(model.dtype)}
+    settings = (
+        {k: p[k] for k in keys} | {"dtype": str(model.dtype)} | data.template_settings(tok, p["raw"], chat)
+    )
     cache = zoo_home() / "regen" / f"{data.regen_key(p['target'], p['data'], settings)}.jsonl"
     if rank == 0 or cache.is_file():
         with status("target regenerating responses...", lines=True) as st:

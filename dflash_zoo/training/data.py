@@ -204,6 +204,14 @@ def cut_regenerated(exs: list[Example], prompts: int, max_length: int) -> list[E
     return out
 
 
+def template_settings(tokenizer: Any, raw: bool, chat_kwargs: dict) -> dict:
+    """What renders the prompts besides the data, for the regeneration key: the chat template text as the
+    tokenizer holds it (transformers 5 saves it as chat_template.jinja, which `regen_key` does not hash)
+    and the adapter's template switches."""
+    template = None if raw else getattr(tokenizer, "chat_template", None)
+    return {"chat_template": template, "chat": chat_kwargs}
+
+
 def regen_key(target_id: str, data_path: str | os.PathLike, settings: dict) -> str:
     """Cache key: target identity (config + weight file sizes), data bytes and generation settings."""
     h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
