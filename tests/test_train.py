@@ -171,6 +171,35 @@ def test_padded_batch_loss_equals_per_sequence_losses(setup):
     torch.testing.assert_close(both, expect, rtol=1e-5, atol=1e-6)
 
 
+def _step_loss_and_grads(trainer, idx, anchors):
+    """The loss and flat gradient of one `forward_backward` over the shard rows `idx`."""
+    loss, _ = trainer.forward_backward(idx, trainer.features(idx), anchors)
+    return loss.detach(), torch.cat([p.grad.flatten() for p in trainer.params])
+
+
+def test_a_batch_split_into_several_drafter_calls_has_the_one_call_loss(setup, monkeypatch):
+    """A long and a short sequence: one drafter call per row gives the one-call loss and gradient (fp32)."""
+    from dflash_zoo.training import trainer as trainer_mod
+    from dflash_zoo.training.data import Example
+
+    target, tok, _ = setup
+    gen = torch.Generator().manual_seed(1)
+    exs = [Example(tuple(torch.randint(3, 250, (n,), generator=gen).tolist()), 0) for n in (90, 12)]
+    cfg = _cfg(Path("unused"), batch_size=2, anchors_per_seq=64, compile="off", attention="dense")
+    drafter = new_drafter(build_draft_config(target, tok, cfg), cfg, None, "cpu")
+    trainer = trainer_mod.Trainer(cfg, target, drafter, exs, "cpu")
+    idx = [0, 1]
+    anchors = [
+        sample_anchors(len(exs[i].ids), 0, 8, 64, False, torch.Generator().manual_seed(0)) for i in idx
+    ]
+    assert [len(a) for a in anchors] == [64, 11]
+    one_loss, one_grad = _step_loss_and_grads(trainer, idx, anchors)
+    monkeypatch.setattr(trainer_mod, "MAX_SLOTS", 8 * 64)  # one row per drafter call
+    split_loss, split_grad = _step_loss_and_grads(trainer, idx, anchors)
+    torch.testing.assert_close(split_loss, one_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(split_grad, one_grad, rtol=1e-4, atol=1e-6)
+
+
 def test_bad_data_line_names_the_line(tmp_path):
     f = tmp_path / "d.jsonl"
     f.write_text('{"text": "ok"}\n\n{"prompt": "fine"}\n{"nope": 1}\n')

@@ -161,6 +161,37 @@ def test_leftovers_of_a_killed_write_are_cleaned_and_recomputed(tmp_path):
     assert again.missing(2) == [1] and torch.equal(again.get(0), torch.ones(2, 8))
 
 
+@pytest.mark.parametrize("damage", ["truncated", "missing", "header"])
+def test_a_damaged_shard_is_named_not_reused(tmp_path, damage):
+    """A listed shard cut short, gone or with a broken header: refused naming it, not announced as cached."""
+    cache = fc.FeatureCache.open(tmp_path / "c", KEY, 8, shard_bytes=10)
+    cache.add(0, torch.ones(2, 8))
+    cache.add(1, torch.ones(3, 8))
+    shard = cache.dir / "shard-000001.safetensors"
+    raw = shard.read_bytes()
+    if damage == "missing":
+        shard.unlink()
+    else:
+        shard.write_bytes(raw[:-20] if damage == "truncated" else b"\xff" * len(raw))
+    why = {"truncated": f"has {len(raw) - 20} bytes where the manifest records {len(raw)}",
+           "missing": "is missing", "header": "has an unreadable header"}[damage]  # fmt: skip
+    with pytest.raises(fc.FeatureCacheError, match=f"shard {shard} {why}") as err:
+        fc.FeatureCache.open(tmp_path / "c", KEY, 8)
+    assert f"delete {cache.dir}" in err.value.hint
+
+
+def test_shards_have_normal_permissions(tmp_path):
+    old = os.umask(0o022)
+    try:
+        cache = fc.FeatureCache.open(tmp_path / "c", KEY, 8)
+        cache.add(0, torch.ones(2, 8))
+        cache.flush()
+    finally:
+        os.umask(old)
+    for f in cache.dir.iterdir():
+        assert f.stat().st_mode & 0o777 == 0o644, f
+
+
 def writer(root: str) -> Trainer:
     """The trainer whose cache the kill test writes (300 examples; run in a subprocess by `_WORKER`)."""
     gen = torch.Generator().manual_seed(0)

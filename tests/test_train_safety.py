@@ -234,6 +234,24 @@ def test_a_fresh_run_beside_kept_checkpoints_refuses(capsys, tmp_path, target, d
     assert not root.exists()
 
 
+def test_out_pointing_at_a_kept_checkpoint_is_refused_naming_it(capsys, tmp_path, target, data):
+    """A checkpoint holds optimizer state: `--out` at it (our own files) needs --overwrite like a foreign dir."""
+    out = tmp_path / "d"
+    assert train(capsys, target, data, out, "--keep-checkpoints", steps=2)[0] == 0
+    step = tmp_path / "d-checkpoint" / "step-00000002"
+    kept = _files(step)
+    code, _, err = train(capsys, tmp_path / "no-target", data, step)  # refused before loading
+    assert code == 2, err
+    err = " ".join(err.split())
+    assert f"{step} is a training checkpoint (it holds COMPLETE, trainer_state.pt)" in err, err
+    assert "--overwrite" in err
+    assert _files(step) == kept
+    code, _, err = train(capsys, target, data, step, "--overwrite")
+    assert code == 0, err
+    assert f"{step} holds a training checkpoint (--overwrite): it is replaced" in " ".join(err.split())
+    assert not (step / checkpoints.STATE_FILE).exists()
+
+
 def test_a_drafter_from_elsewhere_with_training_args_needs_overwrite(capsys, tmp_path, target, data, drafter):
     """File names prove nothing: a drafter another tool wrote (even with a training_args.json) is the user's."""
     out = tmp_path / "d"
@@ -296,6 +314,55 @@ def test_missing_or_bad_data_is_reported_before_the_target_loads(capsys, tmp_pat
     code, _, err = run(capsys, "eval", "-t", ghost, "-d", ghost, "--data", tmp_path / "missing.jsonl")
     assert code == 2 and "no such data file" in err, err
     assert not (tmp_path / "d").exists()
+
+
+def test_responses_cut_away_by_max_length_are_named_apart_from_missing_ones(capsys, tmp_path, target, data):
+    """Every line has a response, but the chat-templated prompt alone fills --max-length 12."""
+    code, _, err = train(capsys, target, data, tmp_path / "d", "--max-length", "12")
+    assert code == 2, err
+    err = " ".join(err.split())
+    assert "skipped 6 record(s) whose response --max-length 12 cut away" in err, err
+    assert "no usable training examples" in err and "hint: raise --max-length" in err
+    assert "use --regenerate" not in err and "needs --regenerate" not in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        (["--max-new-tokens", "1"], "6 response(s) under 2 tokens (raise --max-new-tokens)"),
+        (["--max-new-tokens", "8", "--max-length", "12"], "6 prompt(s) at or past --max-length 12"),
+    ],
+    ids=["short-responses", "long-prompts"],
+)
+@pytest.mark.parametrize("only", [[], ["--regenerate-only"]], ids=["train", "regenerate-only"])
+def test_regeneration_leaving_no_example_says_why(
+    capsys, tmp_path, target, data, extra, why, only, monkeypatch
+):
+    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path / "zoo"))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"prompt": r["prompt"]}) + "\n" for r in map(json.loads, data.open()))
+    )
+    code, _, err = train(capsys, target, prompts, tmp_path / "d", "--regenerate", *extra, *only)
+    assert code == 2, err
+    assert f"no usable training examples: {why}" in " ".join(err.split()), err
+
+
+def test_regeneration_cache_follows_the_chat_template(capsys, tmp_path, target, data, monkeypatch):
+    """Another chat_template.jinja renders other prompts: the regeneration cache is not reused."""
+    monkeypatch.setenv("DFLASH_ZOO_HOME", str(tmp_path / "zoo"))
+    tgt = tmp_path / "target"
+    shutil.copytree(target, tgt)
+    regen = tmp_path / "zoo" / "regen"
+    for _ in range(2):  # the second run reads the first one's cache
+        assert train(capsys, tgt, data, tmp_path / "d", "--regenerate", "--regenerate-only")[0] == 0
+        assert len(list(regen.glob("*.jsonl"))) == 1
+    (tgt / "chat_template.jinja").write_text(
+        "{% for m in messages %}<<{{ m['role'] }}>> {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<<assistant>> {% endif %}"
+    )
+    assert train(capsys, tgt, data, tmp_path / "d", "--regenerate", "--regenerate-only")[0] == 0
+    assert len(list(regen.glob("*.jsonl"))) == 2
 
 
 @pytest.mark.parametrize("where", ["parent", "out", "checkpoint"])
@@ -400,6 +467,43 @@ def test_resume_of_a_finished_run_prints_json(capsys, tmp_path, target, data):
     assert train(capsys, target, data, out, "--resume", steps=2)[0] == 0
     code, _, err = train(capsys, tmp_path / "no-target", data, out, "--resume")
     assert code == 1 and "nothing to resume" in err and "--keep-checkpoints" in err, err
+
+
+@pytest.mark.parametrize(
+    ("first", "extra", "message"),
+    [
+        ([], ["--draft-layers", "3"], "--draft-layers 3 differs from the checkpoint's layers 1"),
+        ([], ["--block-size", "8"], "--block-size 8 differs from the checkpoint's block size 4"),
+        ([], ["--target-layer-ids", "0,2"], "--target-layer-ids 0,2 differs from the checkpoint's taps 2"),
+        ([], ["--arch", "dflash2"], "--arch dflash2 differs from the checkpoint's architecture dflash"),
+        ([], ["--no-target-features"], "was trained without --no-target-features"),
+        (["--no-target-features"], [], "was trained with --no-target-features"),
+    ],
+    ids=["layers", "block", "taps", "arch", "features-added", "features-dropped"],
+)
+def test_resume_with_other_shape_options_is_a_usage_error(
+    capsys, tmp_path, target, data, first, extra, message
+):
+    """A resumed run continues the checkpoint's drafter: an option saying otherwise is named with its value."""
+    out = tmp_path / "d"
+    assert train(capsys, target, data, out, "--keep-checkpoints", *first)[0] == 0
+    code, _, err = train(capsys, target, data, out, "--resume", *extra, steps=2)
+    assert code == 2, err
+    err = " ".join(err.split())
+    assert message in err and str(tmp_path / "d-checkpoint" / "step-00000001") in err, err
+
+
+def test_training_args_record_the_drafters_real_shape(capsys, tmp_path, target, data, drafter):
+    """With --init and no shape options, training_args.json holds the --init drafter's shape, not defaults."""
+    from dflash_zoo.engine.config import load_draft_config
+
+    out = tmp_path / "d"
+    code, _, err = run(capsys, "train", "--target", target, "--data", data, "--out", out, "--steps", 1,
+                       "--init", drafter, "--batch-size", "2", "--anchors-per-seq", "8", "--device", "cpu")  # fmt: skip
+    assert code == 0, err
+    args, dcfg = json.loads((out / "training_args.json").read_text()), load_draft_config(out)
+    assert (args["draft_layers"], args["block_size"]) == (dcfg.num_hidden_layers, dcfg.block_size) == (1, 4)
+    assert args["target_layer_ids"] == list(dcfg.target_layer_ids) and args["arch"] == "dflash"
 
 
 @pytest.mark.parametrize("damage", ["empty", "truncated"])

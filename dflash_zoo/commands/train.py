@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from dflash_zoo.commands import train_arch, train_scale
+from dflash_zoo.commands import train_arch, train_scale, train_shape
 from dflash_zoo.commands.run import (
     SEED,
     Finite,
@@ -69,6 +69,7 @@ def _preflight(p: dict, rank: int) -> list:
 
     check_device(p["device"])  # `--device nonsense` / a GPU this machine lacks: before anything loads
     records = data.read_jsonl(p["data"])
+    found = None
     if rank == 0:
         cfg = TrainConfig(out=p["out"], overwrite=p["overwrite"], save_every=p["save_every"],
                           keep_checkpoints=p["keep_checkpoints"])  # fmt: skip
@@ -85,8 +86,8 @@ def _preflight(p: dict, rank: int) -> list:
     train_arch.preflight(p)
     check_model_paths(p["target"], p["init"])
     precheck_models(p["target"], None, registry=False)  # a local target's config and weight headers
-    _check_block(p)
     ids = _ids(p["target_layer_ids"])
+    _check_block(p, train_shape.check(p, found))  # the shape of the drafter a run continues wins
     layers = _local_layers(p["target"])
     if ids and layers is not None and not (p["init"] or p["resume"]):
         from dflash_zoo.training.train import check_layer_ids
@@ -120,30 +121,22 @@ def _check_cache_outside(p: dict) -> None:
 
 def _announce_replacement(out: Path, overwrite: bool) -> None:
     """Say, before the run, that OUT will be replaced when it finishes (it was checked replaceable)."""
-    from dflash_zoo.engine.outdir import is_ours, norm
+    from dflash_zoo.engine.outdir import is_checkpoint, is_ours, norm
 
     out = norm(out)
     if not out.is_dir() or not any(out.iterdir()):
         return
     whose = "an earlier dflash-zoo output" if is_ours(out) else "files dflash-zoo did not write (--overwrite)"
+    if is_checkpoint(out):
+        whose = "a training checkpoint (--overwrite)"
     info(f"{out} holds {whose}: it is replaced when this run finishes")
 
 
-def _check_block(p: dict) -> None:
-    """The block must fit a training sequence, and a drafter given with --init keeps the block it has."""
-    from click.core import ParameterSource
-
+def _check_block(p: dict, continued: Any) -> None:
+    """The block must fit a training sequence; `continued`: the config of the drafter the run continues."""
     from dflash_zoo.errors import InvalidArgumentError
 
-    block, trained = p["block_size"], _init_block(p["init"])
-    given = click.get_current_context().get_parameter_source("block_size") is ParameterSource.COMMANDLINE
-    if trained is not None and given and block != trained:
-        raise InvalidArgumentError(
-            f"--block-size {block} differs from the --init drafter's block size {trained}",
-            hint="drop --block-size (a drafter keeps the block it was trained with), or train a new one "
-            "without --init",
-        )
-    block = trained or block
+    block = continued.block_size if continued is not None else p["block_size"]
     if block >= p["max_length"]:
         raise InvalidArgumentError(
             f"block size {block} does not fit --max-length {p['max_length']}: a training block (its anchor "
@@ -151,20 +144,6 @@ def _check_block(p: dict) -> None:
             hint=f"use a block size below {p['max_length']} (the paper trains 16 at --max-length 3072), "
             "or raise --max-length",
         )
-
-
-def _init_block(init: str | None) -> int | None:
-    """The block size of a local --init drafter (None for a Hub id, or a config only the loader can read)."""
-    from dflash_zoo.engine.config import load_draft_config
-    from dflash_zoo.errors import ZooError
-
-    path = Path(init).expanduser() / "config.json" if init else None
-    if path is None or not path.is_file():
-        return None
-    try:
-        return load_draft_config(path).block_size
-    except ZooError:  # reported, with its own message, when the drafter loads
-        return None
 
 
 def _local_layers(target: str) -> int | None:
@@ -191,9 +170,11 @@ def _examples(p: dict, records: list, model: Any, tok: Any, rank: int, world: in
         return data.tokenize_records(records, tok, p["raw"], p["max_length"], chat)
     if p["regenerate_endpoint"]:
         exs = train_scale.endpoint_examples(p, records, tok, chat, rank, world)
-        return _cut(exs, p["max_length"])
+        return data.cut_regenerated(exs, len(records), p["max_length"])
     keys = ("raw", "prompt_tokens", "max_new_tokens", "temperature", "seed")
-    settings = {k: p[k] for k in keys} | {"dtype": str(model.dtype)}
+    settings = (
+        {k: p[k] for k in keys} | {"dtype": str(model.dtype)} | data.template_settings(tok, p["raw"], chat)
+    )
     cache = zoo_home() / "regen" / f"{data.regen_key(p['target'], p['data'], settings)}.jsonl"
     if rank == 0 or cache.is_file():
         with status("target regenerating responses...", lines=True) as st:
@@ -207,14 +188,7 @@ def _examples(p: dict, records: list, model: Any, tok: Any, rank: int, world: in
 
         torch.distributed.barrier()
         exs = data.regenerate(records, model, tok, cache_file=cache)  # every rank reads the cache
-    return _cut(exs, p["max_length"])
-
-
-def _cut(exs: list, max_length: int) -> list:
-    """Examples cut to `max_length` tokens; those left with fewer than two supervised tokens dropped."""
-    from dflash_zoo.training.data import Example
-
-    return [Example(e.ids[:max_length], e.start) for e in exs if min(len(e.ids), max_length) - e.start >= 2]
+    return data.cut_regenerated(exs, len(records), p["max_length"])
 
 
 @click.command(epilog=EXAMPLES_TRAIN)

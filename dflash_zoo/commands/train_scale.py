@@ -115,6 +115,7 @@ def endpoint_examples(p: dict, records: list, tok: Any, chat: dict, rank: int, w
 
     keys = ("raw", "prompt_tokens", "max_new_tokens", "temperature", "seed")
     settings = {k: p[k] for k in keys} | {"server_model": p["regenerate_model"], "api": p["regenerate_api"]}
+    settings |= data.template_settings(tok, p["raw"], chat)
     cache = zoo_home() / "regen" / f"{data.regen_key(p['target'], p['data'], settings)}.jsonl"
     ep = R.Endpoint(p["regenerate_endpoint"], p["regenerate_model"], p["regenerate_api"], p["concurrency"],
                     p["retries"], p["request_timeout"])  # fmt: skip

@@ -31,6 +31,8 @@ OWNER = "dflash-zoo"
 OUR_FILES = frozenset(
     {"config.json", "model.safetensors", "training_args.json", "trainer_state.pt", "COMPLETE"}
 )
+# the files only a training checkpoint holds (optimizer state, the completion record): more than a drafter
+CHECKPOINT_FILES = frozenset({"trainer_state.pt", "COMPLETE"})
 # safetensors 0.8 writes `model.safetensors` through a `.tmpXXXXXX` file in the same directory, then renames
 # it; a kill in between leaves that file inside our temporary directory
 _WRITER_TEMP = re.compile(r"\.tmp[A-Za-z0-9]{6}")
@@ -106,6 +108,11 @@ def is_ours(directory: Path) -> bool:
     except OSError:
         return False
     return names <= OUR_FILES and has_tag(directory / "model.safetensors")
+
+
+def is_checkpoint(directory: Path) -> bool:
+    """True when `directory` holds a training checkpoint's own files (`trainer_state.pt` or `COMPLETE`)."""
+    return any((directory / name).exists() for name in CHECKPOINT_FILES)
 
 
 def has_tag(weights: Path) -> bool:
@@ -257,10 +264,23 @@ def check_output(out: Path, overwrite: bool = False, flag: str = "--overwrite") 
         )
     if not any(out.iterdir()):
         return
+    if not overwrite:
+        _check_not_checkpoint(out, flag)
     if not overwrite and not is_ours(out):
         raise InvalidArgumentError(
             f"{out} is not empty and was not written by dflash-zoo",
             hint=f"choose a new output directory, or pass {flag} to replace it (its contents are deleted)",
+        )
+
+
+def _check_not_checkpoint(out: Path, flag: str) -> None:
+    """Refuse to replace a training checkpoint: a resumable run (optimizer state), not just a drafter."""
+    held = sorted(name for name in CHECKPOINT_FILES if (out / name).exists())
+    if held:
+        raise InvalidArgumentError(
+            f"{out} is a training checkpoint (it holds {', '.join(held)}): replacing it loses its optimizer state",
+            hint=f"choose a new output directory (--init takes a checkpoint's weights), or pass {flag} to "
+            "replace it",
         )
 
 

@@ -86,12 +86,10 @@ def make_blocks(batch: Batch, block_size: int, mask_id: int, weights: torch.Tens
     """
     ids, b = batch.ids, block_size
     rows, t = ids.shape
-    pos = batch.anchors[..., None] + torch.arange(b, device=ids.device)  # [rows, n, B]
-    valid = (pos < batch.lengths[:, None, None]) & batch.real[..., None]
+    pos, w = _slot_weights(batch, weights)  # [rows, n, B] each
     labels = ids.gather(1, pos.clamp(max=t - 1).flatten(1)).view_as(pos)
     block = torch.full_like(pos, mask_id)
     block[..., 0] = ids.gather(1, batch.anchors)
-    w = weights.to(ids.device) * valid  # [rows, n, B]; slot 0 already 0
     n = pos.shape[1]
     span = Span(
         q_pos=pos.flatten(1),
@@ -100,6 +98,19 @@ def make_blocks(batch: Batch, block_size: int, mask_id: int, weights: torch.Tens
         q_segment=torch.arange(n, device=ids.device).repeat_interleave(b),  # [n*B]: no block sees another
     )
     return block.flatten(1), labels.flatten(1), w.flatten(1), span
+
+
+def _slot_weights(batch: Batch, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each block slot's position and loss weight, pos and w [rows, n, B]: padding blocks and slots past
+    the end of their sequence weigh 0 (slot 0 already does)."""
+    pos = batch.anchors[..., None] + torch.arange(len(weights), device=batch.ids.device)  # [rows, n, B]
+    valid = (pos < batch.lengths[:, None, None]) & batch.real[..., None]
+    return pos, weights.to(batch.ids.device) * valid
+
+
+def weight_sum(batch: Batch, weights: torch.Tensor) -> torch.Tensor:
+    """The sum of a batch's slot weights (a device scalar): what its loss is normalised by."""
+    return _slot_weights(batch, weights)[1].sum()
 
 
 class LossOut(NamedTuple):

@@ -144,38 +144,72 @@ def prompt_ids(
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+NO_RESPONSE, CUT = "no response", "cut"  # why a record gives no example (`to_example`)
+
+
 def to_example(
     rec: Record, tokenizer: Any, raw: bool, max_length: int, chat_kwargs: dict | None = None
-) -> Example | None:
-    """Tokenise a record for training; None when it has nothing to supervise."""
+) -> Example | str:
+    """Tokenise a record for training; when it has nothing to supervise, why: `NO_RESPONSE` (none, or under
+    two tokens) or `CUT` (`max_length` cut its response to fewer than two tokens)."""
     if rec.text is not None:
         ids = tokenizer.encode(rec.text, add_special_tokens=False)[:max_length]
-        return Example(tuple(ids), 0) if len(ids) >= 2 else None
+        return Example(tuple(ids), 0) if len(ids) >= 2 else NO_RESPONSE
     if rec.response is None:
-        return None
+        return NO_RESPONSE
     prompt = prompt_ids(rec, tokenizer, raw, chat_kwargs)
     resp = tokenizer.encode(rec.response, add_special_tokens=False)
     if tokenizer.eos_token_id is not None:
         resp = resp + [tokenizer.eos_token_id]
+    if len(resp) < 2:
+        return NO_RESPONSE
     ids = (prompt + resp)[:max_length]
-    return Example(tuple(ids), len(prompt)) if len(ids) - len(prompt) >= 2 else None
+    return Example(tuple(ids), len(prompt)) if len(ids) - len(prompt) >= 2 else CUT
 
 
 def tokenize_records(
     records: list[Record], tokenizer: Any, raw: bool, max_length: int, chat_kwargs: dict | None = None
 ) -> list[Example]:
-    """All usable examples; records without a response (and no --regenerate) are skipped with a warning."""
-    out = [
-        ex for rec in records if (ex := to_example(rec, tokenizer, raw, max_length, chat_kwargs)) is not None
-    ]
-    if len(out) < len(records):
-        log.warning(
-            "skipped %d record(s) with nothing to supervise (no response? use --regenerate)",
-            len(records) - len(out),
-        )
+    """All usable examples; records without a response (and no --regenerate), or whose response
+    `max_length` cut away, are skipped with a warning saying which."""
+    made = [to_example(rec, tokenizer, raw, max_length, chat_kwargs) for rec in records]
+    out = [ex for ex in made if isinstance(ex, Example)]
+    empty, cut = made.count(NO_RESPONSE), made.count(CUT)
+    if empty:
+        log.warning("skipped %d record(s) with nothing to supervise (no response? use --regenerate)", empty)
+    if cut:
+        log.warning("skipped %d record(s) whose response --max-length %d cut away (raise --max-length, or "
+                    "shorten their prompts)", cut, max_length)  # fmt: skip
     if not out:
-        raise DataError("no usable training examples", hint="prompt-only data needs --regenerate")
+        hint = "prompt-only data needs --regenerate" if empty else "raise --max-length"
+        raise DataError("no usable training examples", hint=hint)
     return out
+
+
+def cut_regenerated(exs: list[Example], prompts: int, max_length: int) -> list[Example]:
+    """Regenerated examples cut to `max_length` tokens, those left with fewer than two supervised tokens
+    dropped; `prompts`: how many were sent (`regenerate` drops responses under two tokens). None usable
+    is a `DataError` saying why."""
+    out = [Example(e.ids[:max_length], e.start) for e in exs if min(len(e.ids), max_length) - e.start >= 2]
+    short, cut = prompts - len(exs), len(exs) - len(out)
+    why = [f"{short} response(s) under 2 tokens (raise --max-new-tokens)"] if short else []
+    why += [f"{cut} prompt(s) at or past --max-length {max_length} (raise --max-length)"] if cut else []
+    if why and out:
+        log.warning("skipped %d of %d regenerated example(s): %s", short + cut, prompts, "; ".join(why))
+    if not out:
+        raise DataError(
+            f"no usable training examples: {'; '.join(why) or 'no prompt'}",
+            hint="a regenerated example needs its prompt and at least 2 response tokens within --max-length",
+        )
+    return out
+
+
+def template_settings(tokenizer: Any, raw: bool, chat_kwargs: dict) -> dict:
+    """What renders the prompts besides the data, for the regeneration key: the chat template text as the
+    tokenizer holds it (transformers 5 saves it as chat_template.jinja, which `regen_key` does not hash)
+    and the adapter's template switches."""
+    template = None if raw else getattr(tokenizer, "chat_template", None)
+    return {"chat_template": template, "chat": chat_kwargs}
 
 
 def regen_key(target_id: str, data_path: str | os.PathLike, settings: dict) -> str:

@@ -9,7 +9,9 @@ Crash safety: a shard is written to `.shard-NNNNNN.tmp-XXXXXXXX`, fsynced, renam
 only then is the manifest replaced the same way. A kill at any instant leaves the last manifest valid; on the
 next open, temporary files and a shard the manifest does not list (renamed, manifest not yet replaced) are
 removed, each only when it is ours by name (and, for a shard, by its metadata tag), and the missing examples
-are computed again. Anything else in DIR is the user's: the cache refuses it instead of touching it.
+are computed again. Anything else in DIR is the user's: the cache refuses it instead of touching it. A listed
+shard that is missing, of another size than the manifest records or with an unreadable header is damage no
+kill leaves: the cache is refused naming the shard (delete the rank directory to rebuild it).
 
 Key (`CacheKey`): the target's config and weights fingerprints and dtype, the tap set, `--max-length`, the
 data file's hash, a digest of the token ids this rank trains on, the storage dtype, rank and world size. A
@@ -217,7 +219,27 @@ class FeatureCache:
                 hint="pass another --cache-features DIR, or delete this one to rebuild it",
             )
         self.shards = raw["shards"]
+        for shard in self.shards:
+            self._check_shard(shard)
         self.where = {i: s["file"] for s in self.shards for i in s["examples"]}
+
+    def _check_shard(self, shard: dict[str, Any]) -> None:
+        """A listed shard must be there whole (its recorded size, a readable header): a damaged one is named,
+        never announced as cached (its features would fail mid-training)."""
+        path = self.dir / shard["file"]
+        size = path.stat().st_size if path.is_file() else None
+        if size is None:
+            why = "is missing"
+        elif shard.get("bytes") not in (None, size):  # manifests list each shard's size when it was written
+            why = f"has {size} bytes where the manifest records {shard['bytes']}"
+        elif not _tagged(path):
+            why = "has an unreadable header"
+        else:
+            return
+        raise FeatureCacheError(
+            f"feature cache shard {path} {why}: the cache is damaged",
+            hint=f"delete {self.dir} (this rank's cache; its features are computed again on the next run)",
+        )
 
     def _clean(self) -> None:
         """Remove temporary files and shards the manifest does not list (ours only); refuse anything else."""
@@ -256,7 +278,14 @@ class FeatureCache:
         name = f"shard-{number:06d}.safetensors"
         tensors = {str(i): t.contiguous() for i, t in self._buffer.items()}
         meta = {outdir.OWNER_KEY: outdir.OWNER, "format": FORMAT}
-        _write_atomic(self.dir, name, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+
+        def write(tmp: Path) -> None:
+            save_file(tensors, str(tmp), metadata=meta)
+            outdir.normal_mode(
+                tmp
+            )  # safetensors writes a private file; the cache may be shared, as the manifest
+
+        _write_atomic(self.dir, name, write)
         size = (self.dir / name).stat().st_size
         self.shards.append({"file": name, "examples": sorted(self._buffer), "bytes": size})
         self._write_manifest()

@@ -40,7 +40,7 @@ from dflash_zoo.engine import outdir
 from dflash_zoo.engine.checkpoint import load_drafter, save_drafter, write_drafter_files
 from dflash_zoo.engine.config import DraftConfig, default_target_layer_ids, normalize_draft_config
 from dflash_zoo.engine.drafter import DFlashDrafter
-from dflash_zoo.errors import ConfigError, InvalidArgumentError
+from dflash_zoo.errors import CheckpointError, ConfigError, InvalidArgumentError
 from dflash_zoo.training import checkpoints
 from dflash_zoo.training.checkpoints import STATE_FILE
 from dflash_zoo.training.data import Example
@@ -292,7 +292,7 @@ def train(
     tr = Trainer(cfg, model, drafter, examples, device)
     step = 0
     if state is not None:
-        tr.opt.load_state_dict(state["optimizer"])
+        _load_optimizer(tr.opt, state["optimizer"], found)
         tr.gen.set_state(state["rng"])
         step = int(state["step"])
     if tr.rank == 0:
@@ -307,8 +307,8 @@ def train(
         unsaved = run.last_saved != run.steps and (state is None or run.steps != int(state["step"]))
         if cfg.keep_checkpoints and unsaved:
             save_checkpoint(tr.raw, tr.opt, run.steps, tr.gen, root)
-        info = {**asdict(cfg), **(meta or {}), "steps_done": run.steps, "final_loss": run.loss,
-                "seconds": run.seconds}  # fmt: skip
+        info = {**asdict(cfg), **(meta or {}), **drafter_shape(tr.raw), "steps_done": run.steps,
+                "final_loss": run.loss, "seconds": run.seconds}  # fmt: skip
         save_output(tr.raw, out, model.dtype, info, cfg.overwrite)
         if not cfg.keep_checkpoints:
             checkpoints.remove(root)  # only after the output is in place
@@ -317,6 +317,26 @@ def train(
     return TrainResult(
         str(out), run.steps, run.loss, run.tau, run.seconds, run.tokens_per_second, run.history
     )
+
+
+def drafter_shape(drafter: DFlashDrafter) -> dict[str, Any]:
+    """The shape fields of `training_args.json` as the drafter has them (--init / --resume shapes win over
+    the options)."""
+    dcfg = drafter.cfg
+    return {"arch": drafter.arch, "draft_layers": dcfg.num_hidden_layers, "block_size": dcfg.block_size,
+            "target_layer_ids": list(dcfg.target_layer_ids), "mask_token_id": dcfg.mask_token_id}  # fmt: skip
+
+
+def _load_optimizer(opt: Any, state: dict, found: Path | None) -> None:
+    """The checkpoint's optimizer state; one for other parameters (another --arch or --no-target-features
+    than the run had) is named, not PyTorch's internal error."""
+    try:
+        opt.load_state_dict(state)
+    except ValueError as exc:
+        raise CheckpointError(
+            f"the optimizer state in {found} does not fit this drafter's parameters ({exc})",
+            hint="resume with the --arch and --no-target-features the run was started with",
+        ) from exc
 
 
 DISPLAY_SECONDS = 2.0  # how often the progress bar reads loss and tau from the device

@@ -35,6 +35,7 @@ from dflash_zoo.training.blocks import (
     make_batch,
     sample_anchors,
     to_device,
+    weight_sum,
 )
 from dflash_zoo.training.data import Example
 from dflash_zoo.training.features import target_features
@@ -155,21 +156,27 @@ class Trainer:
         # rows per drafter call: keep the block slots of one call under MAX_SLOTS (bounds activations)
         per_call = max(1, MAX_SLOTS // (b * max(1, max(len(a) for a in anchors))))
         chunks = [range(i, min(i + per_call, len(idx))) for i in range(0, len(idx), per_call)]
+        batches = [make_batch([list(exs[i].ids) for i in rows], [anchors[i] for i in rows], self.device)
+                   for rows in chunks]  # fmt: skip
+        # each chunk's loss is a mean over its own weights: rescaled to the whole batch's weight sum, the
+        # accumulated loss and gradient are those of one call (docs/training.md, "Loss")
+        weight = [weight_sum(batch, self.weights) for batch in batches]
+        blocks = [batch.real.sum() for batch in batches]  # tau is a mean over real blocks
+        total, total_blocks = sum(weight).clamp(min=1e-12), sum(blocks).clamp(min=1)
         self.opt.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
         tau_sum = torch.zeros((), device=self.device)
-        for j, rows in enumerate(chunks):
-            batch = make_batch([list(exs[i].ids) for i in rows], [anchors[i] for i in rows], self.device)
+        for j, (rows, batch) in enumerate(zip(chunks, batches, strict=True)):
             f = feats[rows.start : rows.stop, : batch.ids.shape[1]]  # [r, T, K*H]
             sync = self.world == 1 or j == len(chunks) - 1
             with contextlib.nullcontext() if sync else self.drafter.no_sync():
                 with self.autocast:
                     out = block_loss(self.drafter, self.adapter, batch, f, self.dcfg.mask_token_id,
                                      self.weights, self.head_rows, self.loss_fn)  # fmt: skip
-                (out.loss * len(rows) / len(idx)).backward()  # chunks weighted by their share of sequences
-            loss_sum += out.loss.detach() * len(rows)
-            tau_sum += out.tau * len(rows)
-        return loss_sum / len(idx), tau_sum / len(idx)
+                (out.loss * weight[j] / total).backward()
+            loss_sum += out.loss.detach() * weight[j]
+            tau_sum += out.tau * blocks[j]
+        return loss_sum / total, tau_sum / total_blocks
 
     def optimizer_step(self, progress: float) -> None:
         for group in self.opt.param_groups:
