@@ -281,9 +281,8 @@ class FeatureCache:
 
         def write(tmp: Path) -> None:
             save_file(tensors, str(tmp), metadata=meta)
-            outdir.normal_mode(
-                tmp
-            )  # safetensors writes a private file; the cache may be shared, as the manifest
+            # safetensors writes a private file; the cache may be shared, as the manifest is
+            outdir.normal_mode(tmp)
 
         _write_atomic(self.dir, name, write)
         size = (self.dir / name).stat().st_size
