@@ -261,6 +261,10 @@ def test_non_finite_weights_are_refused(tmp_path, target):
         (lambda r: r["dflash_config"].pop("selector_rank"), "missing selector_rank"),
         (lambda r: r["dflash_config"].update(conv_group_size=7), "conv_group_size 7 does not divide"),
         (lambda r: r["dflash_config"].update(selector_top_k=0), "selector_top_k must be a positive integer"),
+        (
+            lambda r: r["dflash_config"].update(selector_top_k=2.5),
+            "selector_top_k must be a positive integer",
+        ),
         (lambda r: r["dflash_config"].update(selector_top_k=VOCAB + 1), "exceeds the vocabulary"),
         (lambda r: r["dflash_config"].update(markov_head_type="gated"), "DSpark"),
         (lambda r: r["dflash_config"].update(mask_token_id="two"), "mask_token_id must be an integer"),
@@ -276,6 +280,13 @@ def test_bad_configs_are_refused_by_name(target, change, message):
     change(raw)
     with pytest.raises((DrafterFormatError, ConfigError), match=message):
         normalize_draft_config(raw)
+
+
+def test_integral_floats_read_as_integers_as_elsewhere(target):
+    raw = dflash2_config(target)
+    top_k = raw["dflash_config"]["selector_top_k"]
+    raw["dflash_config"]["selector_top_k"] = float(top_k)
+    assert normalize_draft_config(raw).dflash2.selector_top_k == top_k
 
 
 def test_top_level_dialect_and_arch_variants(target):

@@ -137,6 +137,8 @@ def dflash2_params(get: Any) -> DFlash2Params:
     values = {}
     for key in DFLASH2_KEYS:
         value = get(key)
+        if isinstance(value, float) and value.is_integer():  # as every other integer field of a config
+            value = int(value)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise DrafterFormatError(f"DFlash 2 config: {key} must be a positive integer, got {value!r}")
         values[key] = value
