@@ -94,11 +94,11 @@ class FastEngine(Engine):
         self.device = next(adapter.layers()[0].parameters()).device
         self.options = options
         self.graphs = self.device.type == "cuda" if options.graphs is None else options.graphs
-        if self.graphs and self.device.type != "cuda":
-            raise ValueError(f"CUDA graphs need a CUDA device; the target is on {self.device}")
         reason = unsupported_reason(adapter, graphs=self.graphs) or drafter_reason(drafter)
         if reason:
             raise ValueError(reason)
+        if self.graphs and self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device; the target is on {self.device}")
         self.adapter, self.drafter, self.mask_id = adapter, drafter, mask_token_id
         self.block = GenerationConfig(block_size=block_size).validated(drafter.cfg.block_size).block_size
         size = -(-(max_len + 2 * self.block) // 64) * 64  # multiple of 64: aligned rows for the masked kernel
