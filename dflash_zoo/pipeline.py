@@ -34,24 +34,21 @@ class TextStream:
     back until its next bytes come, or until `flush` at the end (the pieces then add up to the whole text)."""
 
     def __init__(self, tokenizer: Any):
-        self.tokenizer, self.ids, self.sent = tokenizer, [], 0
+        self.tokenizer, self.ids, self.text, self.sent = tokenizer, [], "", 0
 
     def push(self, ids: list[int]) -> str:
         if self.tokenizer is None:
             return ""
         self.ids += ids
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        return self._take(len(text.rstrip("\ufffd")), text)  # U+FFFD at the end: bytes of a character to come
+        self.text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        return self._take(len(self.text.rstrip("\ufffd")))  # U+FFFD at the end: bytes of a character to come
 
     def flush(self) -> str:
         """What is held back: the generation ended inside a character (decoded as U+FFFD, as `text` has it)."""
-        if self.tokenizer is None:
-            return ""
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        return self._take(len(text), text)
+        return self._take(len(self.text))
 
-    def _take(self, end: int, text: str) -> str:
-        new = text[self.sent : end] if end > self.sent else ""
+    def _take(self, end: int) -> str:
+        new = self.text[self.sent : end] if end > self.sent else ""
         self.sent = max(self.sent, end)
         return new
 
@@ -122,11 +119,12 @@ class Pipeline:
         """A `GenerationConfig` (checked by the engine that runs it); `stop_token_ids=None` means the pair's
         defaults, `[]` none at all."""
         stops = kw.pop("stop_token_ids", None)
-        if isinstance(stops, int):  # one id (GenerationConfig names a value of another wrong type)
+        if stops is None:
+            stops = self.stop_token_ids
+        elif isinstance(stops, int):  # one id
             stops = (stops,)
-        stops = (
-            self.stop_token_ids if stops is None else tuple(stops) if isinstance(stops, Iterable) else stops
-        )
+        elif isinstance(stops, Iterable):  # GenerationConfig names a value of any other type
+            stops = tuple(stops)
         return GenerationConfig(stop_token_ids=stops, **kw)
 
     def engine(self, cfg: GenerationConfig, prompt_tokens: int, images: bool = False) -> Engine:

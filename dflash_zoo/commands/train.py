@@ -121,14 +121,17 @@ def _check_cache_outside(p: dict) -> None:
 
 def _announce_replacement(out: Path, overwrite: bool) -> None:
     """Say, before the run, that OUT will be replaced when it finishes (it was checked replaceable)."""
-    from dflash_zoo.engine.outdir import is_checkpoint, is_ours, norm
+    from dflash_zoo.engine.outdir import checkpoint_files, is_ours, norm
 
     out = norm(out)
     if not out.is_dir() or not any(out.iterdir()):
         return
-    whose = "an earlier dflash-zoo output" if is_ours(out) else "files dflash-zoo did not write (--overwrite)"
-    if is_checkpoint(out):
+    if checkpoint_files(out):
         whose = "a training checkpoint (--overwrite)"
+    elif is_ours(out):
+        whose = "an earlier dflash-zoo output"
+    else:
+        whose = "files dflash-zoo did not write (--overwrite)"
     info(f"{out} holds {whose}: it is replaced when this run finishes")
 
 

@@ -110,9 +110,9 @@ def is_ours(directory: Path) -> bool:
     return names <= OUR_FILES and has_tag(directory / "model.safetensors")
 
 
-def is_checkpoint(directory: Path) -> bool:
-    """True when `directory` holds a training checkpoint's own files (`trainer_state.pt` or `COMPLETE`)."""
-    return any((directory / name).exists() for name in CHECKPOINT_FILES)
+def checkpoint_files(directory: Path) -> list[str]:
+    """The training checkpoint files `directory` holds (`trainer_state.pt`, `COMPLETE`); none for a drafter."""
+    return sorted(name for name in CHECKPOINT_FILES if (directory / name).exists())
 
 
 def has_tag(weights: Path) -> bool:
@@ -275,7 +275,7 @@ def check_output(out: Path, overwrite: bool = False, flag: str = "--overwrite") 
 
 def _check_not_checkpoint(out: Path, flag: str) -> None:
     """Refuse to replace a training checkpoint: a resumable run (optimizer state), not just a drafter."""
-    held = sorted(name for name in CHECKPOINT_FILES if (out / name).exists())
+    held = checkpoint_files(out)
     if held:
         raise InvalidArgumentError(
             f"{out} is a training checkpoint (it holds {', '.join(held)}): replacing it loses its optimizer state",
